@@ -1,0 +1,17 @@
+"""STViT and HAT-Net feature extractors for dense prediction (pure PyTorch).
+
+``import backbones`` also registers ``type='STViT'`` / ``type='HATNet'`` in the mm model registries when
+mmengine is installed, so mmdet and mmseg configs can build them.
+"""
+from .hatnet import HATNet
+from .pretrained import CheckpointError, LoadReport, load_pretrained
+from .stvit import STViT
+
+__all__ = ["STViT", "HATNet", "load_pretrained", "LoadReport", "CheckpointError"]
+
+try:  # registry adapters: optional, the pure backbones do not need mm packages
+    import mmengine  # noqa: F401
+except ImportError:  # pragma: no cover - exercised only without mmengine
+    pass
+else:
+    from . import mm  # noqa: F401

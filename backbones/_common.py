@@ -1,0 +1,162 @@
+"""Pieces shared by the STViT and HAT-Net feature extractors: input checks, stage freezing, outputs."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+MIN_INPUT_SIZE = 32
+NUM_STAGES = 4
+
+
+class DropPath(nn.Module):
+    """Stochastic depth per sample (identical in effect to timm's DropPath, without the dependency)."""
+
+    def __init__(self, drop_prob: float = 0.0):
+        super().__init__()
+        self.drop_prob = float(drop_prob)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.drop_prob == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.drop_prob
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask.div_(keep)
+
+    def extra_repr(self) -> str:
+        return f"drop_prob={self.drop_prob:.3f}"
+
+
+def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> list[list[float]]:
+    """The linear stochastic-depth rule of both papers, split per stage."""
+    rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+    out, start = [], 0
+    for d in depths:
+        out.append(rates[start:start + d])
+        start += d
+    return out
+
+
+def check_input(x: torch.Tensor, model_name: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{model_name} expects a 4-D image batch (B, 3, H, W); got {shape}. "
+                         "Add a batch dimension with x.unsqueeze(0) for a single image.")
+    if x.shape[1] != 3:
+        raise ValueError(f"{model_name} expects 3 input channels (RGB); got {x.shape[1]} in shape "
+                         f"{tuple(x.shape)}. Convert grayscale/RGBA images to RGB first.")
+    if x.shape[2] < MIN_INPUT_SIZE or x.shape[3] < MIN_INPUT_SIZE:
+        raise ValueError(f"{model_name} needs inputs of at least {MIN_INPUT_SIZE}x{MIN_INPUT_SIZE} pixels "
+                         f"(stride 32 output); got {x.shape[2]}x{x.shape[3]}. Resize or pad the image.")
+
+
+def check_out_indices(out_indices: Sequence[int]) -> tuple[int, ...]:
+    out_indices = tuple(int(i) for i in out_indices)
+    if not out_indices or any(i not in range(NUM_STAGES) for i in out_indices) \
+            or len(set(out_indices)) != len(out_indices):
+        raise ValueError(f"out_indices must be distinct stage indices in 0..{NUM_STAGES - 1}; "
+                         f"got {out_indices}")
+    return tuple(sorted(out_indices))
+
+
+def check_arch_lengths(arch: dict, keys: Sequence[str], family: str) -> None:
+    for key in keys:
+        value = arch[key]
+        if not isinstance(value, (list, tuple)) or len(value) != NUM_STAGES:
+            raise ValueError(f"{family} arch '{key}' must list one value per stage ({NUM_STAGES} values); "
+                             f"got {value!r}")
+
+
+class StagedBackbone(nn.Module):
+    """Behaviour common to both families.
+
+    Subclasses build ``self.stem``-like modules and implement ``stage_modules(i)`` (every module whose
+    output feeds stage i: its incoming downsample and its blocks), ``_run_stage(i, x)`` and ``forward``.
+    """
+
+    family: str = ""
+    arch: dict
+    out_indices: tuple[int, ...]
+    frozen_stages: int
+    norm_eval: bool
+    with_cp: bool
+    stage_channels: list[int]
+
+    def _setup_outputs(self, stage_channels: Sequence[int]) -> None:
+        self.stage_channels = list(stage_channels)
+        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f"stages.{i}")
+                             for i, c in enumerate(self.stage_channels)]
+
+    @property
+    def out_channels(self) -> list[int]:
+        return [self.stage_channels[i] for i in self.out_indices]
+
+    @property
+    def out_strides(self) -> list[int]:
+        return [4 * 2 ** i for i in self.out_indices]
+
+    def output_shapes(self, height: int, width: int) -> list[tuple[int, int, int]]:
+        """(C, H, W) of each selected output for an input of height x width (detectron2 style)."""
+        return [(self.stage_channels[i], -(-height // s), -(-width // s))
+                for i, s in zip(self.out_indices, self.out_strides)]
+
+    # --- freezing -------------------------------------------------------------------------------------
+    def stem_modules(self) -> list[nn.Module]:
+        raise NotImplementedError
+
+    def stage_modules(self, i: int) -> list[nn.Module]:
+        raise NotImplementedError
+
+    def frozen_modules(self) -> list[nn.Module]:
+        """mmdet convention: -1 freezes nothing, 0 the stem, k the stem and stages 1..k (0-based 0..k-1)."""
+        if self.frozen_stages < 0:
+            return []
+        mods = list(self.stem_modules())
+        for i in range(min(self.frozen_stages, NUM_STAGES)):
+            mods += self.stage_modules(i)
+        return mods
+
+    def _freeze(self) -> None:
+        for m in self.frozen_modules():
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.eval()
+        return self
+
+    # --- blocks ---------------------------------------------------------------------------------------
+    def _run_blocks(self, blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+        for blk in blocks:
+            if self.with_cp and x.requires_grad:
+                x = checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+        return x
+
+
+def resolve_arch(arch, presets: dict, family: str, required: Sequence[str], defaults: dict) -> dict:
+    if isinstance(arch, str):
+        key = arch.lower()
+        if key not in presets:
+            raise ValueError(f"Unknown {family} arch '{arch}'. Valid names: {sorted(presets)}; "
+                             f"or pass a dict with keys {list(required)}.")
+        arch = presets[key]
+    elif not isinstance(arch, dict):
+        raise TypeError(f"{family} arch must be a preset name or a dict; got {type(arch).__name__}")
+    missing = [k for k in required if k not in arch]
+    unknown = [k for k in arch if k not in required and k not in defaults]
+    if missing or unknown:
+        raise ValueError(f"{family} arch dict: missing keys {missing}, unknown keys {unknown}; "
+                         f"required {list(required)}, optional {list(defaults)}.")
+    full = dict(defaults)
+    full.update({k: (list(v) if isinstance(v, tuple) else v) for k, v in arch.items()})
+    return full

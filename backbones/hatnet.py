@@ -1,0 +1,222 @@
+"""HAT-Net (Vision Transformers with Hierarchical Attention, Liu et al.) as a dense-prediction backbone.
+
+Parameter names follow the official ``yun-liu/HAT-Net`` classification model, so its released ImageNet
+checkpoints load unchanged. Each stage's output is the output of its last block, before the ``ds{i}``
+downsample that starts the next stage.
+
+Sizes. The official model only runs when every stage's height and width divide by its grid (window)
+size. Here a stage whose size does not divide is handled without changing any value at sizes that do:
+windows at the right/bottom border are partial (zero-padded, and the padded positions are masked out
+of the window attention), and the pooled keys/values of the global attention average a partial border
+cell over its valid pixels (``ceil_mode``). So every valid output position depends on valid positions
+only; the only effect of padding is that border windows hold fewer pixels than ``grid_size**2``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ._common import (
+    NUM_STAGES,
+    DropPath,
+    StagedBackbone,
+    check_arch_lengths,
+    check_input,
+    check_out_indices,
+    drop_path_rates,
+    resolve_arch,
+)
+
+_GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
+# The released variants (official ``HAT_Net_tiny/small/medium/large``).
+ARCHS = {
+    "tiny": dict(dims=[48, 96, 240, 384], head_dim=48, expansions=[8, 8, 4, 4], depths=[2, 2, 6, 3],
+                 kernel_sizes=[3, 3, 3, 3], **_GRIDS),
+    "small": dict(dims=[64, 128, 320, 512], head_dim=64, expansions=[8, 8, 4, 4], depths=[2, 3, 8, 3],
+                  kernel_sizes=[3, 3, 3, 3], **_GRIDS),
+    "medium": dict(dims=[64, 128, 320, 512], head_dim=64, expansions=[8, 8, 4, 4], depths=[3, 6, 18, 3],
+                   kernel_sizes=[5, 3, 5, 3], **_GRIDS),
+    "large": dict(dims=[64, 128, 320, 640], head_dim=64, expansions=[8, 8, 4, 4], depths=[3, 8, 27, 3],
+                  kernel_sizes=[3, 3, 3, 3], **_GRIDS),
+}
+_REQUIRED = ("dims", "head_dim", "expansions", "grid_sizes", "ds_ratios", "depths", "kernel_sizes")
+
+SKIPPED_KEY_PATTERNS = (r"^classifier\.",)
+
+
+def _gn(dim: int) -> nn.GroupNorm:
+    return nn.GroupNorm(1, dim, eps=1e-6)
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, dim: int, hidden: int, kernel_size: int):
+        super().__init__()
+        self.conv1 = nn.Sequential(_gn(dim), nn.Conv2d(dim, hidden, 1, bias=False), nn.SiLU())
+        self.conv2 = nn.Sequential(nn.Conv2d(hidden, hidden, kernel_size, padding=(kernel_size - 1) // 2,
+                                             groups=hidden, bias=False), nn.SiLU())
+        self.conv3 = nn.Sequential(nn.Conv2d(hidden, dim, 1, bias=False), _gn(dim))
+
+    def forward(self, x):
+        return self.conv3(self.conv2(self.conv1(x)))
+
+
+class Attention(nn.Module):
+    """Hierarchical multi-head self-attention: attention inside grid_size x grid_size windows, then
+    global attention from every position to the ds_ratio-pooled map; grid_size 1 = plain global MHSA."""
+
+    def __init__(self, dim: int, head_dim: int, grid_size: int, ds_ratio: int):
+        super().__init__()
+        self.num_heads, self.head_dim = dim // head_dim, head_dim
+        self.scale = head_dim ** -0.5
+        self.grid_size, self.ds_ratio = grid_size, ds_ratio
+        self.norm = _gn(dim)
+        self.qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+        # Defined but never used in the official forward; kept so official checkpoints load 1:1, and
+        # frozen so that DDP does not wait for gradients that never come.
+        self.proj_norm = _gn(dim)
+        self.proj_norm.requires_grad_(False)
+        if grid_size > 1:
+            self.grid_norm = _gn(dim)
+            self.ds_norm = _gn(dim)
+            self.q = nn.Conv2d(dim, dim, 1)
+            self.kv = nn.Conv2d(dim, dim * 2, 1)
+
+    def _window_attention(self, qkv: torch.Tensor) -> torch.Tensor:
+        B, _, H, W = qkv.shape
+        g, nh, hd = self.grid_size, self.num_heads, self.head_dim
+        pad_b, pad_r = (-H) % g, (-W) % g
+        if pad_b or pad_r:
+            qkv = F.pad(qkv, (0, pad_r, 0, pad_b))
+        gh, gw = (H + pad_b) // g, (W + pad_r) // g
+        qkv = qkv.reshape(B, 3, nh, hd, gh, g, gw, g).permute(1, 0, 2, 4, 6, 5, 7, 3)
+        q, k, v = qkv.reshape(3, B * nh, gh * gw, g * g, hd).unbind(0)
+        mask = None
+        if pad_b or pad_r:  # keys in the padding must not receive attention
+            valid = torch.zeros(gh * g, gw * g, dtype=torch.bool, device=qkv.device)
+            valid[:H, :W] = True
+            mask = valid.reshape(gh, g, gw, g).permute(0, 2, 1, 3).reshape(1, gh * gw, 1, g * g)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        out = out.reshape(B, nh, gh, gw, g, g, hd).permute(0, 1, 6, 2, 4, 3, 5)
+        return out.reshape(B, nh * hd, gh * g, gw * g)[:, :, :H, :W]
+
+    def forward(self, x):
+        B, C, H, W = x.shape
+        nh, hd = self.num_heads, self.head_dim
+        qkv = self.qkv(self.norm(x))
+        if self.grid_size > 1:
+            grid_x = self.grid_norm(x + self._window_attention(qkv))
+            q = self.q(grid_x).reshape(B, nh, hd, H * W).transpose(-2, -1)
+            # ceil_mode: a partial border cell is averaged over its valid pixels (no effect when divisible)
+            pooled = F.avg_pool2d(grid_x, self.ds_ratio, self.ds_ratio, ceil_mode=True)
+            kv = self.kv(self.ds_norm(pooled)).reshape(B, 2, nh, hd, -1).transpose(-2, -1)
+            k, v = kv.unbind(1)
+        else:
+            q, k, v = qkv.reshape(B, 3, nh, hd, H * W).transpose(-2, -1).unbind(1)
+        out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        out = out.transpose(-2, -1).reshape(B, C, H, W)
+        if self.grid_size > 1:
+            out = out + grid_x
+        return self.proj(out)
+
+
+class Block(nn.Module):
+    def __init__(self, dim, head_dim, grid_size, ds_ratio, expansion, drop_path, kernel_size):
+        super().__init__()
+        self.attn = Attention(dim, head_dim, grid_size, ds_ratio)
+        self.conv = InvertedResidual(dim, dim * expansion, kernel_size)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x):
+        x = x + self.drop_path(self.attn(x))
+        return x + self.drop_path(self.conv(x))
+
+
+class Downsample(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1, stride=2)
+        self.norm = _gn(cout)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+class HATNet(StagedBackbone):
+    """HAT-Net feature extractor returning the stride 4/8/16/32 stage outputs selected by ``out_indices``.
+
+    Args:
+        arch: 'tiny' | 'small' | 'medium' | 'large' or a dict with keys dims, head_dim, expansions,
+            grid_sizes, ds_ratios, depths, kernel_sizes.
+        norm_eval: HAT-Net has GroupNorms only, so this has no effect (kept for mm config compatibility).
+        norm_out: add a GroupNorm to each output (not in the official model; new, untrained weights).
+    """
+
+    family = "hatnet"
+
+    def __init__(self, arch="small", out_indices=(0, 1, 2, 3), drop_path_rate=0.0, with_cp=False,
+                 frozen_stages=-1, norm_eval=False, pretrained=None, norm_out=False):
+        super().__init__()
+        arch = resolve_arch(arch, ARCHS, "HAT-Net", _REQUIRED, {})
+        check_arch_lengths(arch, ("dims", "expansions", "grid_sizes", "ds_ratios", "depths", "kernel_sizes"),
+                           "HAT-Net")
+        bad = [d for d in arch["dims"] if d % arch["head_dim"]]
+        if bad:
+            raise ValueError(f"HAT-Net arch: dims {bad} are not divisible by head_dim {arch['head_dim']}")
+        self.arch = arch
+        self.out_indices = check_out_indices(out_indices)
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        dims = arch["dims"]
+        self._setup_outputs(dims)
+
+        self.patch_embed = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, stride=2), _gn(16), nn.SiLU(),
+                                         nn.Conv2d(16, dims[0], 3, padding=1, stride=2))
+        dpr = drop_path_rates(drop_path_rate, arch["depths"])
+        self.blocks = nn.ModuleList([nn.ModuleList([
+            Block(dims[i], arch["head_dim"], arch["grid_sizes"][i], arch["ds_ratios"][i], arch["expansions"][i],
+                  dpr[i][j], arch["kernel_sizes"][i]) for j in range(arch["depths"][i])])
+            for i in range(NUM_STAGES)])
+        self.ds2 = Downsample(dims[0], dims[1])
+        self.ds3 = Downsample(dims[1], dims[2])
+        self.ds4 = Downsample(dims[2], dims[3])
+        self.norm_out = norm_out
+        if norm_out:
+            self.out_norms = nn.ModuleList([_gn(dims[i]) if i in self.out_indices else nn.Identity()
+                                            for i in range(NUM_STAGES)])
+        self.apply(self._init_weights)
+        self._freeze()
+        if pretrained is not None:
+            from .pretrained import load_pretrained
+            load_pretrained(self, pretrained)
+
+    @staticmethod
+    def _init_weights(m):  # the official initialisation
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.GroupNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    def _downsamples(self):
+        return [None, self.ds2, self.ds3, self.ds4]
+
+    def stem_modules(self):
+        return [self.patch_embed]
+
+    def stage_modules(self, i):
+        return ([self._downsamples()[i]] if i > 0 else []) + [self.blocks[i]]
+
+    def forward(self, x):
+        check_input(x, "HATNet")
+        x = self.patch_embed(x)
+        outs = []
+        for i, ds in enumerate(self._downsamples()):
+            if ds is not None:
+                x = ds(x)
+            x = self._run_blocks(self.blocks[i], x)
+            if i in self.out_indices:
+                outs.append(self.out_norms[i](x) if self.norm_out else x)
+        return tuple(outs)

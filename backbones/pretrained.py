@@ -1,0 +1,247 @@
+"""Loading weights into the backbones: official releases, plain state dicts, our exports, and detector /
+segmentor / Lightning checkpoints, without ever unpickling arbitrary objects."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pickle
+import re
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+logger = logging.getLogger("backbones")
+
+# Classes that may appear in trusted-format checkpoints besides tensors and Python builtins: the
+# official DeiT-style training scripts store their `args` as an argparse.Namespace.
+SAFE_GLOBALS = [argparse.Namespace]
+SAFETENSORS_META_KEY = "meta"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded into the given backbone; the message names the problem."""
+
+
+@dataclass
+class LoadReport:
+    source: str
+    family: str
+    loaded: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # in the checkpoint, deliberately not loaded
+    initialised: list[str] = field(default_factory=list)  # in the model, not in the checkpoint (new layers)
+    meta: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        text = f"Loaded {len(self.loaded)} tensors into {self.family} from {self.source}"
+        if self.skipped:
+            text += f"; skipped {len(self.skipped)} (classifier head / constant kernels): {_summary(self.skipped)}"
+        if self.initialised:
+            text += f"; kept the model's own values for {len(self.initialised)}: {_summary(self.initialised)}"
+        return text
+
+
+def _summary(keys: list[str], n: int = 6) -> str:
+    return ", ".join(keys[:n]) + (f", ... (+{len(keys) - n})" if len(keys) > n else "")
+
+
+# --- reading files -------------------------------------------------------------------------------------
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
+    """Read a .pth/.pt/.ckpt (weights_only, allow-listed classes) or .safetensors file.
+
+    Returns (object, safetensors metadata). Raises CheckpointError with the path and the fix for a missing,
+    truncated, corrupt or unsafe file.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"Checkpoint file not found: {path!r}. Check the path (relative paths are "
+                              f"resolved from {os.getcwd()!r}).")
+    if path.endswith(".safetensors"):
+        from safetensors import SafetensorError, safe_open
+        try:
+            with safe_open(path, framework="pt") as f:
+                meta = dict(f.metadata() or {})
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"Cannot read safetensors file {path!r}: it is truncated, corrupt or not a "
+                                  f"safetensors file ({e}).") from e
+        return tensors, meta
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True), {}
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"Refusing to load {path!r}: it contains Python objects outside the allow-list of safe types, and "
+            f"unpickling them could run arbitrary code ({str(e).splitlines()[0]}). If you trust the file, "
+            "re-save only its tensors: torch.save(state_dict, 'clean.pth').") from e
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        raise CheckpointError(f"Cannot read checkpoint {path!r}: the file is truncated or corrupt ({e}). "
+                              "Download or export it again.") from e
+
+
+# --- finding the backbone tensors ------------------------------------------------------------------------
+_FAMILY_PATTERNS = {
+    "stvit": re.compile(r"^layers\.\d+\.blocks\.\d+\.|^patch_embed\.proj\.\d+\."),
+    "hatnet": re.compile(r"^blocks\.\d+\.\d+\.|^ds[234]\.conv\."),
+}
+
+
+def detect_family(keys) -> str | None:
+    counts = {fam: sum(1 for k in keys if pat.search(k)) for fam, pat in _FAMILY_PATTERNS.items()}
+    best = max(counts, key=counts.get)
+    return best if counts[best] else None
+
+
+def _is_state_dict(obj) -> bool:
+    return isinstance(obj, Mapping) and len(obj) > 0 and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+
+
+def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]:
+    """Find the backbone tensors in any supported checkpoint layout.
+
+    Returns (state_dict with backbone-relative keys, meta, layout name).
+    """
+    meta: dict = {}
+    if _is_state_dict(obj):
+        sd, layout = dict(obj), "plain state dict"
+    elif isinstance(obj, Mapping) and _is_state_dict(obj.get("model")):
+        sd, layout = dict(obj["model"]), "official release"
+    elif isinstance(obj, Mapping) and _is_state_dict(obj.get("state_dict")):
+        sd, layout = dict(obj["state_dict"]), "state_dict checkpoint"
+        meta = dict(obj.get("meta") or {})
+    else:
+        found = sorted(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__
+        raise CheckpointError(f"No model weights found in the checkpoint (top-level entries: {found}). "
+                              "Expected a state dict, {'model': ...} or {'state_dict': ...}.")
+    sd = {k[len("module."):] if k.startswith("module.") else k: v for k, v in sd.items()}
+    if prefix:
+        sub = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+        if not sub:
+            raise CheckpointError(f"No key starts with prefix {prefix!r}; the checkpoint's keys start with "
+                                  f"{sorted({k.split('.')[0] + '.' for k in sd})[:8]}.")
+        return sub, meta, layout
+    if detect_family(sd) is None:
+        # A detector / segmentor / Lightning checkpoint: take what sits under '...backbone.'.
+        sub = {}
+        for k, v in sd.items():
+            head, sep, rest = k.partition("backbone.")
+            if sep and (head == "" or head.endswith(".")):
+                sub[rest] = v
+        if not sub:
+            raise CheckpointError("The checkpoint holds no backbone weights: none of its keys belong to STViT "
+                                  "or HAT-Net, and none sit under 'backbone.' (first keys: "
+                                  f"{sorted(sd)[:5]}).")
+        sd, layout = sub, layout + " (backbone. entries)"
+    return sd, meta, layout
+
+
+def arch_signature(sd: Mapping[str, torch.Tensor], family: str) -> tuple | None:
+    """(channels per stage, blocks per stage) read from a state dict, to name variants in errors."""
+    if family == "stvit":
+        key, pat = "layers.{}.blocks.0.pos_embed.conv.weight", r"^layers\.{}\.blocks\.(\d+)\."
+    else:
+        key, pat = "blocks.{}.0.attn.proj.weight", r"^blocks\.{}\.(\d+)\."
+    try:
+        dims = tuple(sd[key.format(i)].shape[0] for i in range(4))
+    except KeyError:
+        return None
+    depths = tuple(len({m.group(1) for k in sd if (m := re.match(pat.format(i), k))}) for i in range(4))
+    return dims, depths
+
+
+def _variant_name(sig, family: str) -> str:
+    from . import hatnet, stvit
+    archs = stvit.ARCHS if family == "stvit" else hatnet.ARCHS
+    dim_key = "embed_dims" if family == "stvit" else "dims"
+    for name, a in archs.items():
+        if sig == (tuple(a[dim_key]), tuple(a["depths"])):
+            return f"{family}_{name}"
+    return f"{family} with channels {list(sig[0])} and depths {list(sig[1])}" if sig else family
+
+
+def checkpoint_filter(sd: Mapping[str, torch.Tensor], model: nn.Module) -> tuple[dict, list[str]]:
+    """Official -> ours: drop the keys that have no counterpart in the backbone (classification head,
+    final projection, constant unfold/fold kernels). Every other key keeps its official name."""
+    patterns = _skip_patterns(model)
+    kept, skipped = {}, []
+    for k, v in sd.items():
+        (skipped.append(k) if any(re.search(p, k) for p in patterns) else kept.__setitem__(k, v))
+    return kept, skipped
+
+
+def _skip_patterns(model):
+    from . import hatnet, stvit
+    return stvit.SKIPPED_KEY_PATTERNS if model.family == "stvit" else hatnet.SKIPPED_KEY_PATTERNS
+
+
+# --- loading ---------------------------------------------------------------------------------------------
+def load_pretrained(model: nn.Module, checkpoint, prefix: str | None = None) -> LoadReport:
+    """Load official / exported / detector weights into an STViT or HATNet, strictly.
+
+    ``checkpoint`` is a path or an already loaded object. Keys that are skipped on purpose and new layers
+    (``out_norms`` when ``norm_out=True``) are listed in the returned report; any other missing or
+    unexpected key, a shape mismatch, or weights of another family or variant raise CheckpointError.
+    """
+    family = getattr(model, "family", None)
+    if family not in ("stvit", "hatnet"):
+        raise TypeError(f"load_pretrained expects an STViT or HATNet model, got {type(model).__name__}")
+    source = os.fspath(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else "<in-memory checkpoint>"
+    obj, st_meta = read_checkpoint(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else (checkpoint, {})
+    sd, meta, layout = extract_state_dict(obj, prefix)
+    if SAFETENSORS_META_KEY in st_meta:
+        meta = json.loads(st_meta[SAFETENSORS_META_KEY])
+    _check_meta(meta, model, source)
+
+    ckpt_family = detect_family(sd)
+    if ckpt_family != family:
+        what = f"a {ckpt_family} checkpoint" if ckpt_family else "not an STViT/HAT-Net checkpoint"
+        raise CheckpointError(f"{source} is {what} ({layout}), but the model is "
+                              f"{type(model).__name__}. Build the matching backbone type or pick another file.")
+    sd, skipped = checkpoint_filter(sd, model)
+    own = model.state_dict()
+    new_layers = [k for k in own if k.startswith("out_norms.")]
+    missing = [k for k in own if k not in sd and k not in new_layers and not k.endswith("num_batches_tracked")]
+    unexpected = [k for k in sd if k not in own]
+    mismatched = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+                  for k in sd if k in own and sd[k].shape != own[k].shape]
+    if missing or unexpected or mismatched:
+        ours = _variant_name(arch_signature(own, family), family)
+        theirs = _variant_name(arch_signature(sd, family), family)
+        hint = f" The checkpoint looks like {theirs}, the model is {ours}." if theirs != ours else ""
+        raise CheckpointError(
+            f"Checkpoint {source} does not fit this {type(model).__name__}.{hint} "
+            f"Missing keys ({len(missing)}): {_summary(missing)}. Unexpected keys ({len(unexpected)}): "
+            f"{_summary(unexpected)}. Shape mismatches ({len(mismatched)}): {_summary(mismatched, 3)}.")
+    with torch.no_grad():
+        for k, v in sd.items():
+            own[k].copy_(v)  # state_dict() tensors share storage with the module's parameters and buffers
+    report = LoadReport(source, family, loaded=sorted(sd), skipped=skipped,
+                        initialised=[k for k in own if k not in sd], meta=meta)
+    logger.info("%s", report)
+    return report
+
+
+def _check_meta(meta: dict, model: nn.Module, source: str) -> None:
+    """Our exports record family and arch: refuse them for another family or variant with a clear message."""
+    fam = meta.get("family")
+    if fam and fam != model.family:
+        raise CheckpointError(f"{source} is an export of a {fam} backbone; the model is {type(model).__name__}.")
+    arch = meta.get("arch")
+    if isinstance(arch, str):
+        arch = json.loads(arch)
+    if arch:
+        diff = [k for k in ("embed_dims", "dims", "depths", "num_heads", "head_dim")
+                if k in arch and list(_as_list(arch[k])) != list(_as_list(model.arch.get(k)))]
+        if diff:
+            raise CheckpointError(f"{source} was exported from a {fam} with {', '.join(f'{k}={arch[k]}' for k in diff)}"
+                                  f"; the model has {', '.join(f'{k}={model.arch.get(k)}' for k in diff)}. "
+                                  "Build the backbone with the export's arch (meta['arch']).")
+
+
+def _as_list(v):
+    return v if isinstance(v, (list, tuple)) else [v]

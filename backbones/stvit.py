@@ -1,0 +1,300 @@
+"""STViT (Super Token Vision Transformer, Huang et al., CVPR 2023) as a dense-prediction backbone.
+
+Parameter names follow the official ``hhb072/STViT`` classification model, so its released ImageNet
+checkpoints load unchanged (see ``checkpoint_filter``). Each stage's output is the output of its last
+block, before the PatchMerging that starts the next stage: the same tensor the official model computes.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ._common import (
+    NUM_STAGES,
+    DropPath,
+    StagedBackbone,
+    check_arch_lengths,
+    check_input,
+    check_out_indices,
+    drop_path_rates,
+    resolve_arch,
+)
+
+# The released variants (official ``stvit_small/base/large``).
+ARCHS = {
+    "small": dict(embed_dims=[64, 128, 320, 512], depths=[3, 5, 9, 3], num_heads=[1, 2, 5, 8],
+                  n_iter=[1, 1, 1, 1], stoken_size=[8, 4, 1, 1], layerscale=[False] * 4, init_values=1e-5),
+    "base": dict(embed_dims=[96, 192, 384, 512], depths=[4, 6, 14, 6], num_heads=[2, 3, 6, 8],
+                 n_iter=[1, 1, 1, 1], stoken_size=[8, 4, 1, 1], layerscale=[False, False, True, True],
+                 init_values=1e-6),
+    "large": dict(embed_dims=[96, 192, 448, 640], depths=[4, 7, 19, 8], num_heads=[2, 3, 7, 10],
+                  n_iter=[1, 1, 1, 1], stoken_size=[8, 4, 1, 1], layerscale=[False, False, True, True],
+                  init_values=1e-6),
+}
+_REQUIRED = ("embed_dims", "depths", "num_heads", "n_iter", "stoken_size", "layerscale", "init_values")
+_DEFAULTS = dict(mlp_ratio=4, qkv_bias=True)
+
+# Official keys that have no counterpart here: the classification head (proj -> BN -> swish -> head)
+# and the constant identity kernels of the conv-based unfold/fold.
+SKIPPED_KEY_PATTERNS = (r"^head\.", r"^proj\.", r"^norm\.", r"\.unfold\.weights$", r"\.fold\.weights$")
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over channels of an NCHW tensor (official: permute -> LN(eps=1e-6) -> permute)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias,
+                            self.eps).permute(0, 3, 1, 2)
+
+
+class _LayerNorm2dWrapper(nn.Module):
+    # Keeps the official key layout ``norm1.norm.weight``.
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = LayerNorm2d(dim, eps=1e-6)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+class ResDWC(nn.Module):
+    """x + depthwise 3x3 conv(x): STViT's convolutional position encoding."""
+
+    def __init__(self, dim: int, kernel_size: int = 3):
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim, kernel_size, 1, kernel_size // 2, groups=dim)
+
+    def forward(self, x):
+        return x + self.conv(x)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Conv2d(dim, hidden, 1)
+        self.act1 = nn.GELU()
+        self.conv = ResDWC(hidden, 3)
+        self.fc2 = nn.Conv2d(hidden, dim, 1)
+
+    def forward(self, x):
+        return self.fc2(self.conv(self.act1(self.fc1(x))))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention over all positions of an NCHW map.
+
+    The official qkv channel layout is (heads, [q|k|v], head_dim); the official softmax over keys is
+    computed here with ``scaled_dot_product_attention`` (same math, no N x N tensor in memory).
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"STViT: embed dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = nn.Conv2d(dim, dim * 3, 1, bias=qkv_bias)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x):
+        B, C, H, W = x.shape
+        qkv = self.qkv(x).reshape(B, self.num_heads, 3 * C // self.num_heads, H * W).transpose(-1, -2)
+        q, k, v = qkv.chunk(3, dim=-1)  # (B, heads, N, head_dim) each
+        out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        return self.proj(out.transpose(-1, -2).reshape(B, C, H, W))
+
+
+def _unfold3x3(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, h, w) -> (B, h*w, C, 9): each super token with its 3x3 neighbourhood (zeros outside)."""
+    B, C, h, w = x.shape
+    return F.unfold(x, 3, padding=1).reshape(B, C, 9, h * w).permute(0, 3, 1, 2)
+
+
+def _fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Adjoint of ``_unfold3x3``: (B, h*w, C, 9) -> (B, C, h, w), summing each neighbour's share."""
+    B, _, C, _ = x.shape
+    return F.fold(x.permute(0, 2, 3, 1).reshape(B, C * 9, h * w), (h, w), 3, padding=1)
+
+
+class StokenAttention(nn.Module):
+    """Super token attention: sparse pixel-to-super-token association, self-attention among super
+    tokens, and upsampling back to pixels (paper Eq. 1-6; official ``StokenAttention``)."""
+
+    def __init__(self, dim: int, stoken_size: Sequence[int], n_iter: int, num_heads: int, qkv_bias: bool):
+        super().__init__()
+        self.n_iter = n_iter
+        self.stoken_size = tuple(stoken_size)
+        self.scale = dim ** -0.5
+        self.stoken_refine = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias)
+
+    def forward(self, x):
+        if self.stoken_size[0] > 1 or self.stoken_size[1] > 1:
+            return self.stoken_forward(x)
+        return self.stoken_refine(x)
+
+    def stoken_forward(self, x):
+        B, C, H0, W0 = x.shape
+        h, w = self.stoken_size
+        # Like the official code: zero-pad right/bottom to whole super tokens, crop at the end.
+        pad_r, pad_b = (w - W0 % w) % w, (h - H0 % h) % h
+        if pad_r or pad_b:
+            x = F.pad(x, (0, pad_r, 0, pad_b))
+        H, W = x.shape[-2:]
+        hh, ww = H // h, W // w
+
+        stokens = F.adaptive_avg_pool2d(x, (hh, ww))  # initial super tokens: mean of each grid cell
+        pixels = x.reshape(B, C, hh, h, ww, w).permute(0, 2, 4, 3, 5, 1).reshape(B, hh * ww, h * w, C)
+
+        # The association is computed without gradient (as in the official code); gradients reach the
+        # super tokens through `pixels` only.
+        with torch.no_grad():
+            for idx in range(self.n_iter):
+                affinity = (pixels @ _unfold3x3(stokens) * self.scale).softmax(-1)  # (B, hh*ww, h*w, 9)
+                affinity_sum = _fold3x3(affinity.sum(2).unsqueeze(2), hh, ww)  # (B, 1, hh, ww)
+                if idx < self.n_iter - 1:
+                    stokens = _fold3x3(pixels.transpose(-1, -2) @ affinity, hh, ww) / (affinity_sum + 1e-12)
+
+        stokens = _fold3x3(pixels.transpose(-1, -2) @ affinity, hh, ww) / (affinity_sum + 1e-12)
+        stokens = self.stoken_refine(stokens)
+        pixels = _unfold3x3(stokens) @ affinity.transpose(-1, -2)  # (B, hh*ww, C, h*w)
+        pixels = pixels.reshape(B, hh, ww, C, h, w).permute(0, 3, 1, 4, 2, 5).reshape(B, C, H, W)
+        if pad_r or pad_b:
+            pixels = pixels[:, :, :H0, :W0]
+        return pixels
+
+
+class StokenAttentionLayer(nn.Module):
+    def __init__(self, dim, n_iter, stoken_size, num_heads, mlp_ratio, qkv_bias, drop_path,
+                 layerscale, init_values):
+        super().__init__()
+        self.layerscale = layerscale
+        self.pos_embed = ResDWC(dim, 3)
+        self.norm1 = _LayerNorm2dWrapper(dim)
+        self.attn = StokenAttention(dim, stoken_size, n_iter, num_heads, qkv_bias)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.BatchNorm2d(dim)
+        self.mlp2 = Mlp(dim, int(dim * mlp_ratio))
+        if layerscale:
+            self.gamma_1 = nn.Parameter(init_values * torch.ones(1, dim, 1, 1))
+            self.gamma_2 = nn.Parameter(init_values * torch.ones(1, dim, 1, 1))
+
+    def forward(self, x):
+        x = self.pos_embed(x)
+        if self.layerscale:
+            x = x + self.drop_path(self.gamma_1 * self.attn(self.norm1(x)))
+            return x + self.drop_path(self.gamma_2 * self.mlp2(self.norm2(x)))
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp2(self.norm2(x)))
+
+
+def _conv_bn(cin, cout, stride, act=True):
+    layers = [nn.Conv2d(cin, cout, 3, stride, 1)]
+    return layers + ([nn.GELU()] if act else []) + [nn.BatchNorm2d(cout)]
+
+
+class PatchEmbed(nn.Module):
+    """Stride-4 convolutional stem (official key layout ``patch_embed.proj.{0..11}``)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        half = dim // 2
+        self.proj = nn.Sequential(*_conv_bn(3, half, 2), *_conv_bn(half, half, 1),
+                                  *_conv_bn(half, dim, 2), *_conv_bn(dim, dim, 1))
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class PatchMerging(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.proj = nn.Sequential(*_conv_bn(cin, cout, 2, act=False))
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class _Layer(nn.Module):
+    """One official ``BasicLayer``: the stage's blocks and the downsample that starts the next stage."""
+
+    def __init__(self, blocks: nn.ModuleList, downsample: nn.Module | None):
+        super().__init__()
+        self.blocks = blocks
+        self.downsample = downsample
+
+
+class STViT(StagedBackbone):
+    """STViT feature extractor returning the stride 4/8/16/32 stage outputs selected by ``out_indices``.
+
+    Args:
+        arch: 'small' | 'base' | 'large' or a dict with keys embed_dims, depths, num_heads, n_iter,
+            stoken_size, layerscale, init_values (optional mlp_ratio=4, qkv_bias=True).
+        stoken_size: per-stage super-token sizes overriding the arch's (e.g. for dense inputs); an
+            entry of 1 means plain global self-attention in that stage.
+        norm_out: add a LayerNorm to each output (not in the official model; new, untrained weights).
+    """
+
+    family = "stvit"
+
+    def __init__(self, arch="small", out_indices=(0, 1, 2, 3), drop_path_rate=0.0, with_cp=False,
+                 frozen_stages=-1, norm_eval=False, pretrained=None, stoken_size=None, norm_out=False):
+        super().__init__()
+        arch = resolve_arch(arch, ARCHS, "STViT", _REQUIRED, _DEFAULTS)
+        if stoken_size is not None:
+            arch["stoken_size"] = list(stoken_size)
+        check_arch_lengths(arch, ("embed_dims", "depths", "num_heads", "n_iter", "stoken_size", "layerscale"),
+                           "STViT")
+        for dim, heads in zip(arch["embed_dims"], arch["num_heads"]):
+            if dim % heads:
+                raise ValueError(f"STViT arch: embed dim {dim} is not divisible by its num_heads {heads}")
+        self.arch = arch
+        self.out_indices = check_out_indices(out_indices)
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        dims = arch["embed_dims"]
+        self._setup_outputs(dims)
+
+        self.patch_embed = PatchEmbed(dims[0])
+        dpr = drop_path_rates(drop_path_rate, arch["depths"])
+        self.layers = nn.ModuleList()
+        for i in range(NUM_STAGES):
+            size = arch["stoken_size"][i]
+            size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+            blocks = nn.ModuleList([
+                StokenAttentionLayer(dims[i], arch["n_iter"][i], size, arch["num_heads"][i], arch["mlp_ratio"],
+                                     arch["qkv_bias"], dpr[i][j], arch["layerscale"][i], arch["init_values"])
+                for j in range(arch["depths"][i])])
+            downsample = PatchMerging(dims[i], dims[i + 1]) if i < NUM_STAGES - 1 else None
+            self.layers.append(_Layer(blocks, downsample))
+        self.norm_out = norm_out
+        if norm_out:
+            self.out_norms = nn.ModuleList([LayerNorm2d(dims[i], eps=1e-6) if i in self.out_indices
+                                            else nn.Identity() for i in range(NUM_STAGES)])
+        self._freeze()
+        if pretrained is not None:
+            from .pretrained import load_pretrained
+            load_pretrained(self, pretrained)
+
+    # freezing (see StagedBackbone.frozen_modules)
+    def stem_modules(self):
+        return [self.patch_embed]
+
+    def stage_modules(self, i):
+        mods = [self.layers[i].blocks]
+        return ([self.layers[i - 1].downsample] if i > 0 else []) + mods
+
+    def forward(self, x):
+        check_input(x, "STViT")
+        x = self.patch_embed(x)
+        outs = []
+        for i, layer in enumerate(self.layers):
+            x = self._run_blocks(layer.blocks, x)
+            if i in self.out_indices:
+                outs.append(self.out_norms[i](x) if self.norm_out else x)
+            if layer.downsample is not None:
+                x = layer.downsample(x)
+        return tuple(outs)
+
+

@@ -1,0 +1,213 @@
+"""Backbone behaviour beyond the golden vectors: sizes, padding, freezing, input checks, checkpoints."""
+import argparse
+import math
+import os
+
+import pytest
+import torch
+
+from backbones import CheckpointError, HATNet, STViT, load_pretrained
+from backbones.hatnet import Attention as HATAttention
+
+STVIT_T = dict(embed_dims=[32, 64, 128, 256], depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], n_iter=[1, 1, 1, 1],
+               stoken_size=[8, 4, 1, 1], layerscale=[False] * 4, init_values=1e-5)
+HATNET_T = dict(dims=[32, 64, 128, 256], head_dim=32, expansions=[4, 4, 4, 4], grid_sizes=[8, 7, 7, 1],
+                ds_ratios=[8, 4, 2, 1], depths=[1, 1, 2, 1], kernel_sizes=[3, 3, 3, 3])
+SHRUNK = [(STViT, STVIT_T), (HATNet, HATNET_T)]
+
+
+@pytest.mark.parametrize("size", [(512, 512), (800, 1333), (333, 517), (32, 32)])
+@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+def test_forward_backward_any_size(cls, arch, size):
+    torch.manual_seed(0)
+    model = cls(arch, drop_path_rate=0.1).train()
+    # batch 2: BatchNorm in train mode needs more than one value per channel at 32x32 (1x1 at stride 32)
+    x = torch.randn(2, 3, *size, requires_grad=True)
+    outs = model(x)
+    assert [tuple(o.shape[1:]) for o in outs] == model.output_shapes(*size)
+    assert [o.shape[-2] for o in outs] == [math.ceil(size[0] / s) for s in model.out_strides]
+    sum(o.float().square().mean() for o in outs).backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_out_indices_and_shapes():
+    model = STViT(STVIT_T, out_indices=(1, 3)).eval()
+    assert model.out_channels == [64, 256] and model.out_strides == [8, 32]
+    assert [f["num_chs"] for f in model.feature_info] == [32, 64, 128, 256]
+    outs = model(torch.randn(2, 3, 64, 96))
+    assert [tuple(o.shape) for o in outs] == [(2, 64, 8, 12), (2, 256, 2, 3)]
+
+
+def _naive_hat_attention(m: HATAttention, x):
+    """Literal HAT-Net attention for one image whose size does not divide the grid: each window attends
+    over its valid pixels only, and each pooled cell averages its valid pixels."""
+    _, C, H, W = x.shape
+    g, nh, hd = m.grid_size, m.num_heads, m.head_dim
+    q, k, v = m.qkv(m.norm(x))[0].reshape(3, nh, hd, H, W)
+    grid = torch.zeros(nh, hd, H, W)
+    for i in range(0, H, g):
+        for j in range(0, W, g):
+            qs, ks, vs = (t[:, :, i:i + g, j:j + g].flatten(2) for t in (q, k, v))  # (nh, hd, n)
+            attn = (qs.transpose(1, 2) @ ks * m.scale).softmax(-1)
+            grid[:, :, i:i + g, j:j + g] = (vs @ attn.transpose(1, 2)).reshape(nh, hd, *qs.shape[-1:]).reshape(
+                nh, hd, min(g, H - i), min(g, W - j))
+    grid_x = m.grid_norm(x + grid.reshape(1, C, H, W))
+    r = m.ds_ratio
+    pooled = torch.stack([torch.stack([grid_x[0, :, a:a + r, b:b + r].mean((1, 2)) for b in range(0, W, r)], -1)
+                          for a in range(0, H, r)], -2)[None]
+    kk, vv = m.kv(m.ds_norm(pooled)).reshape(2, nh, hd, -1)
+    qq = m.q(grid_x).reshape(nh, hd, H * W)
+    glob = vv @ (kk.transpose(1, 2) @ qq * m.scale).softmax(1)
+    return m.proj(glob.reshape(1, C, H, W) + grid_x)
+
+
+@pytest.mark.parametrize("size", [(16, 16), (13, 19)])
+def test_hatnet_padding_is_masked(size):
+    torch.manual_seed(0)
+    m = HATAttention(dim=16, head_dim=8, grid_size=8, ds_ratio=4).eval()
+    x = torch.randn(1, 16, *size)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), _naive_hat_attention(m, x), rtol=1e-4, atol=1e-5)
+
+
+def test_bad_arch_and_inputs():
+    with pytest.raises(ValueError, match=r"Unknown STViT arch 'tiny'.*'base', 'large', 'small'"):
+        STViT("tiny")
+    with pytest.raises(ValueError, match=r"Unknown HAT-Net arch.*'large', 'medium', 'small', 'tiny'"):
+        HATNet("xl")
+    with pytest.raises(ValueError, match="one value per stage"):
+        STViT({**STVIT_T, "depths": [1, 1, 1]})
+    with pytest.raises(ValueError, match="not divisible by its num_heads"):
+        STViT({**STVIT_T, "num_heads": [3, 2, 4, 8]})
+    with pytest.raises(ValueError, match="not divisible by head_dim"):
+        HATNet({**HATNET_T, "head_dim": 24})
+    with pytest.raises(ValueError, match="missing keys"):
+        HATNet({k: v for k, v in HATNET_T.items() if k != "grid_sizes"})
+    with pytest.raises(ValueError, match="out_indices"):
+        STViT(STVIT_T, out_indices=(0, 4))
+    model = HATNet(HATNET_T)
+    with pytest.raises(ValueError, match="4-D"):
+        model(torch.randn(3, 64, 64))
+    with pytest.raises(ValueError, match="3 input channels"):
+        model(torch.randn(1, 1, 64, 64))
+    with pytest.raises(ValueError, match="at least 32x32"):
+        model(torch.randn(1, 3, 31, 64))
+
+
+@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+def test_frozen_stages_and_norm_eval(cls, arch):
+    model = cls(arch, frozen_stages=2, norm_eval=True).train()
+    frozen = {id(p) for m in model.frozen_modules() for p in m.parameters()}
+    for name, p in model.named_parameters():
+        if "proj_norm" in name:  # unused by the official forward: always frozen
+            assert not p.requires_grad
+            continue
+        trainable_stage = name.startswith(("layers.2.blocks", "layers.3", "blocks.2", "blocks.3", "ds3", "ds4",
+                                           "layers.1.downsample"))
+        assert p.requires_grad == (id(p) not in frozen), name
+        if name.startswith(("patch_embed", "layers.0", "blocks.0", "blocks.1", "ds2")):
+            assert not p.requires_grad, name
+        if trainable_stage:
+            assert p.requires_grad, name
+    assert all(not m.training for m in model.frozen_modules())
+    assert all(not m.training for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert model.layers[3].training if cls is STViT else model.blocks[3].training
+
+
+def test_with_cp_same_outputs_and_grads():
+    torch.manual_seed(0)
+    a, b = STViT(STVIT_T).train(), STViT(STVIT_T, with_cp=True).train()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 64, 64)
+    outs = [m(x) for m in (a, b)]
+    for o1, o2 in zip(*outs):
+        torch.testing.assert_close(o1, o2)
+    for o in outs:
+        sum(t.sum() for t in o).backward()
+    for (n, p1), p2 in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p1.grad, p2.grad, msg=n)
+
+
+def _official_file(model, path, **extra):
+    """A checkpoint laid out like the released ones (DeiT training script)."""
+    sd = dict(model.state_dict())
+    if model.family == "stvit":
+        sd.update({"proj.weight": torch.zeros(8, model.stage_channels[-1], 1, 1), "head.weight": torch.zeros(3, 8),
+                   "layers.0.blocks.0.attn.unfold.weights": torch.eye(9).reshape(9, 1, 3, 3)})
+    else:
+        sd["classifier.1.weight"] = torch.zeros(3, model.stage_channels[-1])
+    torch.save({"model": sd, "optimizer": {"state": {}, "param_groups": []}, "epoch": 299, "max_accuracy": 80.1,
+                "args": argparse.Namespace(model="stvit_small", lr=1e-3, drop_path=0.1), **extra}, path)
+    return path
+
+
+@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+def test_load_official_release_layout(tmp_path, cls, arch):
+    torch.manual_seed(1)
+    src = cls(arch).eval()
+    path = _official_file(src, tmp_path / "release.pth")
+    dst = cls(arch, pretrained=str(path)).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        for o1, o2 in zip(src(x), dst(x)):
+            torch.testing.assert_close(o1, o2, rtol=0, atol=0)
+    report = load_pretrained(cls(arch), path)
+    assert report.skipped and all(k.startswith(("head", "proj", "classifier")) or "fold" in k for k in report.skipped)
+    assert "skipped" in str(report)
+
+
+def test_wrong_family_and_variant_are_named(tmp_path):
+    with pytest.raises(CheckpointError, match="hatnet checkpoint.*STViT"):
+        load_pretrained(STViT(STVIT_T), HATNet(HATNET_T).state_dict())
+    base_like = {k: torch.zeros(v.shape) for k, v in STViT("base").state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"looks like stvit_base, the model is stvit_small"):
+        load_pretrained(STViT("small"), {"model": base_like})
+    sd = STViT(STVIT_T).state_dict()
+    sd["layers.0.blocks.0.extra.weight"] = torch.zeros(1)
+    with pytest.raises(CheckpointError, match=r"Unexpected keys \(1\): layers.0.blocks.0.extra.weight"):
+        load_pretrained(STViT(STVIT_T), sd)
+
+
+def test_detector_checkpoint_and_prefix():
+    src = HATNet(HATNET_T)
+    det = {"state_dict": {**{f"backbone.{k}": v for k, v in src.state_dict().items()},
+                          "neck.lateral_convs.0.conv.weight": torch.zeros(1)}, "meta": {}}
+    rep = load_pretrained(HATNet(HATNET_T), det)
+    assert len(rep.loaded) == len(src.state_dict())
+    lightning = {"state_dict": {f"model.backbone.{k}": v for k, v in src.state_dict().items()}}
+    assert load_pretrained(HATNet(HATNET_T), lightning).loaded == rep.loaded
+    with pytest.raises(CheckpointError, match="No key starts with prefix 'encoder.'"):
+        load_pretrained(HATNet(HATNET_T), det, prefix="encoder.")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/pwned_by_checkpoint",))
+
+
+def test_untrusted_and_corrupt_files_are_refused(tmp_path):
+    evil = tmp_path / "evil.pth"
+    torch.save({"model": STViT(STVIT_T).state_dict(), "payload": _Evil()}, evil)
+    if os.path.exists("/tmp/pwned_by_checkpoint"):
+        os.remove("/tmp/pwned_by_checkpoint")
+    with pytest.raises(CheckpointError, match="Refusing to load"):
+        load_pretrained(STViT(STVIT_T), evil)
+    assert not os.path.exists("/tmp/pwned_by_checkpoint")
+    good = tmp_path / "good.pth"
+    torch.save(STViT(STVIT_T).state_dict(), good)
+    truncated = tmp_path / "truncated.pth"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_pretrained(STViT(STVIT_T), truncated)
+    with pytest.raises(CheckpointError, match="not found"):
+        load_pretrained(STViT(STVIT_T), tmp_path / "missing.pth")
+
+
+def test_norm_out_layers_are_new():
+    src = STViT(STVIT_T)
+    model = STViT(STVIT_T, norm_out=True, out_indices=(2, 3))
+    report = load_pretrained(model, src.state_dict())
+    assert {k.split(".")[1] for k in report.initialised if k.startswith("out_norms")} == {"2", "3"}
+    model(torch.randn(1, 3, 64, 64))[0].square().mean().backward()
+    assert model.out_norms[2].weight.grad is not None
