@@ -50,6 +50,6 @@ fi
 "${PIP[@]}" install -q "$WHEEL_DIR"/mmcv-2.1.0-*.whl
 
 # The project itself, editable, with its pinned requirements and the test tools.
-"${PIP[@]}" install -q -e "$ROOT[test]"
+"${PIP[@]}" install -q --no-build-isolation -e "$ROOT[test]"
 "$VENV/bin/python" -c "import mmcv.ops, mmdet, mmseg, lightning, torchmetrics; print('[setup] ok: mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmseg', mmseg.__version__)"
 echo "$STAMP_HASH" > "$VENV/.setup-stamp"
