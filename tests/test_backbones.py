@@ -211,3 +211,23 @@ def test_norm_out_layers_are_new():
     assert {k.split(".")[1] for k in report.initialised if k.startswith("out_norms")} == {"2", "3"}
     model(torch.randn(1, 3, 64, 64))[0].square().mean().backward()
     assert model.out_norms[2].weight.grad is not None
+
+
+@pytest.mark.parametrize("cls,arch,size", [(STViT, STVIT_T, (333, 517)), (HATNet, HATNET_T, (448, 672))],
+                         ids=["stvit", "hatnet"])
+def test_fast_modules_equal_literal_reference(cls, arch, size):
+    """Forward and gradients of the SDPA / F.unfold implementation equal the literal formulation."""
+    from tests.reference_impl import as_reference
+    from tests.test_golden import assert_close  # tolerance relative to each tensor's scale
+    torch.manual_seed(0)
+    model = cls(arch).eval()
+    ref = as_reference(model)
+    x = torch.randn(1, 3, *size)
+    outs, ref_outs = model(x), ref(x)
+    for i, (a, b) in enumerate(zip(outs, ref_outs)):
+        assert_close(a, b, f"stage {i}")
+    sum(o.sum() for o in outs).backward()
+    sum(o.sum() for o in ref_outs).backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        if p.grad is not None:
+            assert_close(p.grad, q.grad, n)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from backbones import HATNet, STViT, load_pretrained
+from tests.reference_impl import as_reference
 
 CASES = {
     "stvit_tiny_s8411.pt": (STViT, dict(embed_dims=[16, 32, 48, 64], depths=[1, 2, 2, 1], num_heads=[1, 2, 3, 4],
@@ -42,8 +43,12 @@ def test_loads_official_keys(golden):
         assert key.startswith(("head.", "proj.", "norm.", "classifier.")) or key.endswith("fold.weights"), key
 
 
-def test_features_match_official(golden):
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_features_match_official(golden, impl):
+    """Both our modules and the literal reference transcription (tests/reference_impl.py) match."""
     name, model, data, _ = golden
+    if impl == "reference":
+        model = as_reference(model)
     with torch.no_grad():
         for x, expected in zip(data["inputs"], data["features"]):
             outs = model(x)
