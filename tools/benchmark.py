@@ -1,0 +1,197 @@
+#!/usr/bin/env python
+"""Speed, memory and FLOPs of the backbones at detection / segmentation input sizes.
+
+  python tools/benchmark.py --family stvit --arch small --size 800x1344 --mode train [--compare]
+  python tools/benchmark.py --table     # the README's table (448x672 and 800x1344, train mode, fp32)
+
+Time: median seconds per iteration (forward, and backward of all stage outputs in train mode) after
+warm-up. With --compare, every model is timed in this process, round-robin, on the same input, so the
+ratios are fair on a noisy shared machine. Peak memory: max RSS of a child process that runs only that
+model (CPU), or torch.cuda.max_memory_allocated (CUDA). GFLOPs are multiply-adds of one forward pass
+counted with torch.utils.flop_counter (matmuls, convolutions, attention).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from backbones import HATNet, STViT  # noqa: E402
+
+FAMILIES = {"stvit": STViT, "hatnet": HATNet}
+BASELINES = ("reference", "swin-t", "resnet50")
+
+
+def build(name: str, family: str, arch: str, stoken_size=None, with_cp=False) -> torch.nn.Module:
+    """ours | reference (literal transcription, same weights: same seed) | swin-t | resnet50 (mmdet)."""
+    torch.manual_seed(0)
+    if name in ("ours", "reference"):
+        kwargs = dict(stoken_size=stoken_size) if stoken_size and family == "stvit" else {}
+        model = FAMILIES[family](arch, with_cp=with_cp, **kwargs)
+        if name == "reference":
+            from tests.reference_impl import as_reference
+            model = as_reference(model)
+        return model
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+    register_all_modules()
+    if name == "swin-t":
+        return MODELS.build(dict(type="SwinTransformer", embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
+                                 window_size=7, out_indices=(0, 1, 2, 3), with_cp=with_cp))
+    if name == "resnet50":
+        return MODELS.build(dict(type="ResNet", depth=50, out_indices=(0, 1, 2, 3), frozen_stages=-1,
+                                 norm_cfg=dict(type="BN", requires_grad=True), with_cp=with_cp))
+    raise ValueError(f"unknown model {name!r}; choose ours or one of {BASELINES}")
+
+
+def make_step(model, x, mode: str, precision: str):
+    autocast = torch.autocast(x.device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    model.train(mode == "train")
+
+    def step():
+        if mode == "train":
+            model.zero_grad(set_to_none=True)
+            with autocast:
+                outs = model(x)
+            sum(o.float().mean() for o in outs).backward()
+        else:
+            with torch.no_grad(), autocast:
+                model(x)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+    return step
+
+
+def count_gmacs(model, x) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+    model.eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(x)
+    return counter.get_total_flops() / 2e9
+
+
+def time_models(models: dict, x, args) -> dict:
+    steps = {k: make_step(m, x, args.mode, args.precision) for k, m in models.items()}
+    for _ in range(args.warmup):
+        for step in steps.values():
+            step()
+    times = {k: [] for k in steps}
+    for _ in range(args.repeat):
+        for k, step in steps.items():  # round-robin: machine noise hits every model alike
+            t0 = time.perf_counter()
+            step()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def peak_memory_gib(name: str, args) -> float:
+    """Peak memory of one model's iterations; on CPU in a child process so models do not share a peak."""
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        model, x = _model_and_input(name, args)
+        make_step(model, x, args.mode, args.precision)()
+        return torch.cuda.max_memory_allocated() / 2 ** 30
+    cmd = [sys.executable, __file__, "--_child", name] + _forward_args(args)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return json.loads(out.stdout.strip().splitlines()[-1])["max_rss_gib"]
+
+
+def _model_and_input(name, args):
+    model = build(name, args.family, args.arch, args.stoken_size, args.with_cp).to(args.device)
+    h, w = args.size
+    x = torch.randn(args.batch, 3, h, w, device=args.device)
+    return model, x
+
+
+def _forward_args(args) -> list[str]:
+    out = ["--family", args.family, "--arch", args.arch, "--size", f"{args.size[0]}x{args.size[1]}",
+           "--batch", str(args.batch), "--mode", args.mode, "--device", args.device, "--precision", args.precision]
+    if args.stoken_size:
+        out += ["--stoken-size", ",".join(map(str, args.stoken_size))]
+    return out + (["--with-cp"] if args.with_cp else [])
+
+
+def run(args) -> list[dict]:
+    names = ["ours"] + (list(BASELINES) if args.compare else [])
+    models, rows = {}, []
+    for name in names:
+        models[name], x = _model_and_input(name, args)
+    h, w = args.size
+    try:
+        times = time_models(models, x, args)
+    except RuntimeError as e:  # e.g. the literal HAT-Net at a size that does not divide its grid
+        raise SystemExit(f"benchmark failed at {h}x{w}: {e}") from e
+    for name, model in models.items():
+        rows.append(dict(model=name, family=args.family if name in ("ours", "reference") else name,
+                         arch=args.arch, size=f"{h}x{w}", batch=args.batch, mode=args.mode,
+                         precision=args.precision, stoken_size=args.stoken_size,
+                         params_m=sum(p.numel() for p in model.parameters()) / 1e6,
+                         gmacs=count_gmacs(model, x[:1]), seconds=times[name]))
+    del models
+    for row in rows:
+        row["peak_gib"] = peak_memory_gib(row["model"], args) if not args.no_memory else float("nan")
+        row["speedup_vs_reference"] = (times["reference"] / times[row["model"]]) if "reference" in times else None
+    return rows
+
+
+def print_rows(rows):
+    hdr = f"{'model':10} {'arch':>6} {'size':>9} {'mode':>5} {'params(M)':>9} {'GMACs':>7} {'s/iter':>7} " \
+          f"{'peak GiB':>8} {'vs ref':>6}"
+    print(hdr)
+    for r in rows:
+        ratio = f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "-"
+        print(f"{r['model']:10} {r['arch']:>6} {r['size']:>9} {r['mode']:>5} {r['params_m']:9.1f} "
+              f"{r['gmacs']:7.1f} {r['seconds']:7.2f} {r['peak_gib']:8.2f} {ratio:>6}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", choices=sorted(FAMILIES), default="stvit")
+    p.add_argument("--arch", default="small")
+    p.add_argument("--size", default="448x672", type=lambda s: tuple(int(v) for v in s.lower().split("x")))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--mode", choices=["train", "infer"], default="train")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--stoken-size", type=lambda s: [int(v) for v in s.split(",")], default=None,
+                   help="STViT super-token sizes per stage, e.g. 8,4,2,1")
+    p.add_argument("--with-cp", action="store_true", help="activation checkpointing")
+    p.add_argument("--compare", action="store_true", help=f"also run {', '.join(BASELINES)}")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--_child", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args._child:  # measure one model's peak RSS in isolation
+        model, x = _model_and_input(args._child, args)
+        step = make_step(model, x, args.mode, args.precision)
+        step()
+        step()
+        print(json.dumps({"max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}))
+        return
+    rows = run(args)
+    print_rows(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
