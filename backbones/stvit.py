@@ -145,21 +145,23 @@ class StokenAttention(nn.Module):
         H, W = x.shape[-2:]
         hh, ww = H // h, W // w
 
-        stokens = F.adaptive_avg_pool2d(x, (hh, ww))  # initial super tokens: mean of each grid cell
-        pixels = x.reshape(B, C, hh, h, ww, w).permute(0, 2, 4, 3, 5, 1).reshape(B, hh * ww, h * w, C)
-
-        # The association is computed without gradient (as in the official code); gradients reach the
-        # super tokens through `pixels` only.
-        with torch.no_grad():
-            for idx in range(self.n_iter):
-                affinity = (pixels @ _unfold3x3(stokens) * self.scale).softmax(-1)  # (B, hh*ww, h*w, 9)
-                affinity_sum = _fold3x3(affinity.sum(2).unsqueeze(2), hh, ww)  # (B, 1, hh, ww)
-                if idx < self.n_iter - 1:
-                    stokens = _fold3x3(pixels.transpose(-1, -2) @ affinity, hh, ww) / (affinity_sum + 1e-12)
-
-        stokens = _fold3x3(pixels.transpose(-1, -2) @ affinity, hh, ww) / (affinity_sum + 1e-12)
-        stokens = self.stoken_refine(stokens)
-        pixels = _unfold3x3(stokens) @ affinity.transpose(-1, -2)  # (B, hh*ww, C, h*w)
+        # Pixel -> super-token association in float32 even under autocast: the normaliser
+        # `affinity_sum + 1e-12` underflows in float16.
+        with torch.autocast(x.device.type, enabled=False):
+            x32 = x.float()
+            stokens = F.adaptive_avg_pool2d(x32, (hh, ww))  # initial super tokens: mean of each grid cell
+            pixels = x32.reshape(B, C, hh, h, ww, w).permute(0, 2, 4, 3, 5, 1).reshape(B, hh * ww, h * w, C)
+            # The association is computed without gradient (as in the official code); gradients reach the
+            # super tokens through `pixels` only.
+            with torch.no_grad():
+                for idx in range(self.n_iter):
+                    affinity = (pixels @ _unfold3x3(stokens) * self.scale).softmax(-1)  # (B, hh*ww, h*w, 9)
+                    affinity_sum = _fold3x3(affinity.sum(2).unsqueeze(2), hh, ww)  # (B, 1, hh, ww)
+                    if idx < self.n_iter - 1:
+                        stokens = _fold3x3(pixels.transpose(-1, -2) @ affinity, hh, ww) / (affinity_sum + 1e-12)
+            stokens = _fold3x3(pixels.transpose(-1, -2) @ affinity, hh, ww) / (affinity_sum + 1e-12)
+        stokens = self.stoken_refine(stokens.to(x.dtype) if not torch.is_autocast_enabled() else stokens)
+        pixels = _unfold3x3(stokens) @ affinity.transpose(-1, -2).to(stokens.dtype)  # (B, hh*ww, C, h*w)
         pixels = pixels.reshape(B, hh, ww, C, h, w).permute(0, 3, 1, 4, 2, 5).reshape(B, C, H, W)
         if pad_r or pad_b:
             pixels = pixels[:, :, :H0, :W0]

@@ -231,3 +231,21 @@ def test_fast_modules_equal_literal_reference(cls, arch, size):
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         if p.grad is not None:
             assert_close(p.grad, q.grad, n)
+
+
+@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+def test_bf16_autocast_and_half_weights(cls, arch):
+    torch.manual_seed(0)
+    model = cls(arch).train()
+    x = torch.randn(2, 3, 96, 128)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outs = model(x)
+    assert all(o.dtype == torch.bfloat16 and torch.isfinite(o).all() for o in outs)
+    sum(o.float().mean() for o in outs).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with torch.no_grad():
+        ref = model.eval()(x)
+        half = cls(arch).to(torch.bfloat16).eval()
+        half.load_state_dict(model.state_dict())
+        for a, b in zip(half(x.bfloat16()), ref):
+            assert (a.float() - b).abs().max() <= 0.1 * b.abs().max()

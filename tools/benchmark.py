@@ -2,7 +2,8 @@
 """Speed, memory and FLOPs of the backbones at detection / segmentation input sizes.
 
   python tools/benchmark.py --family stvit --arch small --size 800x1344 --mode train [--compare]
-  python tools/benchmark.py --table     # the README's table (448x672 and 800x1344, train mode, fp32)
+  python tools/benchmark.py --table     # the README's speed table (448x672 and 800x1344, train, fp32)
+  python tools/benchmark.py --variants  # params and GMACs of the released variants at 224x224
 
 Time: median seconds per iteration (forward, and backward of all stage outputs in train mode) after
 warm-up. With --compare, every model is timed in this process, round-robin, on the same input, so the
@@ -75,9 +76,12 @@ def make_step(model, x, mode: str, precision: str):
 
 
 def count_gmacs(model, x) -> float:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
     model.eval()
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    # The counter has no formula for the CPU flash-attention kernel: count attention through the math
+    # backend, which runs it as the matmuls it is.
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(x)
     return counter.get_total_flops() / 2e9
 
@@ -146,6 +150,33 @@ def run(args) -> list[dict]:
     return rows
 
 
+# The papers' figures (params in M, GMACs at 224x224, classification models including their heads).
+PAPER = {("stvit", "small"): (25, 4.4), ("stvit", "base"): (52, 9.9), ("stvit", "large"): (95, 15.6),
+         ("hatnet", "tiny"): (12.7, 2.0), ("hatnet", "small"): (25.7, 4.3), ("hatnet", "medium"): (42.9, 8.3),
+         ("hatnet", "large"): (63.1, 11.5)}
+
+
+def classifier_head(family: str, channels: int) -> tuple[int, int]:
+    """(params, MACs at 224) of the official classification head that the backbone leaves out:
+    STViT: 1x1 conv to 1024 + BN + linear to 1000 at 7x7; HAT-Net: linear to 1000."""
+    if family == "stvit":
+        return channels * 1024 + 1024 + 2 * 1024 + 1024 * 1000 + 1000, channels * 1024 * 49 + 1024 * 1000
+    return channels * 1000 + 1000, channels * 1000
+
+
+def variants_table() -> str:
+    lines = ["| variant | backbone params (M) | backbone GMACs | + official head: params (M) / GMACs "
+             "| paper: params (M) / GMACs |", "|---|---|---|---|---|"]
+    for (family, arch), (p_params, p_gmacs) in PAPER.items():
+        model = FAMILIES[family](arch)
+        params = sum(p.numel() for p in model.parameters())
+        macs = count_gmacs(model, torch.randn(1, 3, 224, 224)) * 1e9
+        head_params, head_macs = classifier_head(family, model.stage_channels[-1])
+        lines.append(f"| {family}-{arch} | {params / 1e6:.1f} | {macs / 1e9:.2f} | "
+                     f"{(params + head_params) / 1e6:.1f} / {(macs + head_macs) / 1e9:.2f} | {p_params} / {p_gmacs} |")
+    return "\n".join(lines)
+
+
 def print_rows(rows):
     hdr = f"{'model':10} {'arch':>6} {'size':>9} {'mode':>5} {'params(M)':>9} {'GMACs':>7} {'s/iter':>7} " \
           f"{'peak GiB':>8} {'vs ref':>6}"
@@ -173,6 +204,7 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--variants", action="store_true", help="params / GMACs of every released variant at 224")
     p.add_argument("--_child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -186,6 +218,9 @@ def main(argv=None):
         step()
         step()
         print(json.dumps({"max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}))
+        return
+    if args.variants:
+        print(variants_table())
         return
     rows = run(args)
     print_rows(rows)
