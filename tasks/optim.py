@@ -1,0 +1,63 @@
+"""Optimizer and LR schedules from the mm config, handed to Lightning.
+
+The optimizer (with ``paramwise_cfg``: no decay on norms / biases / custom keys) is built by mmengine's
+``build_optim_wrapper``; Lightning gets the wrapped ``torch.optim.Optimizer`` and does the stepping,
+AMP and clipping itself. ``param_scheduler`` entries are built by mmengine's ``PARAM_SCHEDULERS`` and
+stepped by Lightning through ``LightningModule.lr_scheduler_step``: per optimizer step when
+``by_epoch=False`` (mmengine's ParamSchedulerHook.after_train_iter), per epoch otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+from lightning.pytorch.utilities import rank_zero_warn
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import PARAM_SCHEDULERS
+from torch import nn
+from torch.optim import Optimizer
+
+# OptimWrapper keys that Lightning handles (see tasks/trainer.py), dropped before mmengine builds it.
+_LIGHTNING_OWNED = ('clip_grad', 'accumulative_counts', 'loss_scale', 'dtype', 'use_fsdp')
+
+
+def build_optimizer(model: nn.Module, optim_wrapper_cfg: dict) -> Optimizer:
+    cfg = copy.deepcopy(dict(optim_wrapper_cfg))
+    if cfg.get('type', 'OptimWrapper') == 'AmpOptimWrapper':
+        # AmpOptimWrapper asserts CUDA at construction; mixed precision is trainer.precision here.
+        rank_zero_warn("optim_wrapper.type='AmpOptimWrapper' is ignored: set trainer.precision='16-mixed' "
+                       "or 'bf16-mixed' instead.")
+    cfg['type'] = 'OptimWrapper'
+    for key in _LIGHTNING_OWNED:
+        cfg.pop(key, None)
+    return build_optim_wrapper(model, cfg).optimizer
+
+
+def build_schedulers(optimizer: Optimizer, scheduler_cfgs, *, max_epochs: int | None, max_steps: int,
+                     epoch_length: Callable[[], int]) -> list[dict]:
+    """Return Lightning ``lr_scheduler`` config dicts, one per mm scheduler, in config order.
+
+    ``end`` defaults to the run length as in mmengine's Runner; ``convert_to_iter_based=True`` needs the
+    number of optimizer steps per epoch, computed only then (``epoch_length()``).
+    """
+    if scheduler_cfgs is None:
+        return []
+    if isinstance(scheduler_cfgs, dict):
+        scheduler_cfgs = [scheduler_cfgs]
+    configs = []
+    for cfg in scheduler_cfgs:
+        cfg = copy.deepcopy(dict(cfg))
+        by_epoch = cfg.get('by_epoch', True)
+        if 'end' not in cfg:
+            if by_epoch and max_epochs is not None and max_epochs > 0:
+                cfg['end'] = max_epochs
+            elif not by_epoch and max_steps > 0:
+                cfg['end'] = max_steps
+        default_args = dict(optimizer=optimizer)
+        if cfg.get('convert_to_iter_based', False):
+            default_args['epoch_length'] = epoch_length()
+        scheduler = PARAM_SCHEDULERS.build(cfg, default_args=default_args)
+        configs.append(dict(scheduler=scheduler, interval='epoch' if scheduler.by_epoch else 'step',
+                            frequency=1, name=f'{type(scheduler).__name__}-{len(configs)}'))
+    return configs

@@ -1,0 +1,116 @@
+"""Multi-process runs on CPU (gloo): DDP on one machine, and two "nodes" launched by torchrun on localhost."""
+
+import importlib.util
+import json
+import os
+import os.path as osp
+import socket
+import subprocess
+import sys
+
+import pytest
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET_CFG = osp.join(REPO, 'configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py')
+SEG_CFG = osp.join(REPO, 'configs/demo/upernet_hat-net-t_tiny-ade20k.py')
+TIMEOUT = 240
+
+# Runs tools/train.py's main with a callback that hashes each rank's parameters and buffers once
+# training ended (after the last validation). Lightning's DDP launcher re-runs this file per rank.
+DRIVER = '''
+import hashlib, importlib.util, os, sys
+import lightning as L
+spec = importlib.util.spec_from_file_location('train_tool', os.path.join({repo!r}, 'tools', 'train.py'))
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+
+class WeightHash(L.Callback):
+    def on_train_end(self, trainer, module):
+        h = hashlib.sha256()
+        for name, t in sorted(module.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().reshape(-1).numpy().tobytes())
+        with open(os.path.join({out!r}, f'weights_rank{{trainer.global_rank}}.sha256'), 'w') as f:
+            f.write(h.hexdigest())
+
+train.main(sys.argv[1:], callbacks=[WeightHash()])
+'''
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def env(**extra):
+    # one thread per process: the test machines have few cores and two ranks share them
+    return {**os.environ, 'OMP_NUM_THREADS': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(free_port()),
+            **extra}
+
+
+def run(cmd, **kwargs):
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT, **kwargs)
+    assert proc.returncode == 0, f'{cmd}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}'
+    return proc
+
+
+def data_opts(root, dataset):
+    opts = []
+    for split in ('train', 'val', 'test'):
+        opts += [f'{split}_dataloader.dataset.data_root={root}/{dataset}/', f'{split}_dataloader.num_workers=0']
+    return opts + ['train_dataloader.batch_size=2', 'trainer.enable_progress_bar=False',
+                   'trainer.enable_model_summary=False', 'trainer.accelerator=cpu']
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    spec = importlib.util.spec_from_file_location('make_tiny_data', osp.join(REPO, 'tools', 'make_tiny_data.py'))
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    out = tmp_path_factory.mktemp('data')
+    # 5 val images over 2 ranks: 3 + 2 batches, so uneven validation must neither hang nor double count
+    tiny.make_coco(out, num_train=4, num_val=3, seed=0)
+    tiny.make_ade20k(out, num_train=8, num_val=5, seed=0)
+    return str(out)
+
+
+def test_ddp_two_processes_same_weights_and_metrics_as_one(data_dir, tmp_path):
+    driver = tmp_path / 'driver.py'
+    driver.write_text(DRIVER.format(repo=REPO, out=str(tmp_path)))
+    opts = [*data_opts(data_dir, 'tiny_ade20k'), 'trainer.max_steps=2', 'trainer.val_check_interval=2']
+    work = tmp_path / 'ddp'
+    run([sys.executable, str(driver), SEG_CFG, '--work-dir', str(work), '--cfg-options', *opts,
+         'trainer.devices=2', 'trainer.strategy=ddp'], env=env())
+    hashes = [(tmp_path / f'weights_rank{r}.sha256').read_text() for r in (0, 1)]
+    assert hashes[0] == hashes[1], 'ranks diverged'
+    ddp_metrics = json.loads((work / 'metrics.json').read_text())
+
+    # the checkpoint evaluated by one process: every val image counted once in both cases
+    out = tmp_path / 'single.json'
+    run([sys.executable, 'tools/test.py', SEG_CFG, str(work / 'last.ckpt'), '--work-dir', str(tmp_path),
+         '--out', str(out), '--cfg-options', *opts, 'trainer.devices=1'], env=env())
+    single = json.loads(out.read_text())
+    assert set(single) == set(ddp_metrics) >= {'mIoU', 'aAcc', 'mAcc'}
+    assert single == pytest.approx(ddp_metrics, abs=1e-6)
+
+
+def test_two_nodes_torchrun_localhost(data_dir, tmp_path):
+    port = str(free_port())
+    opts = [*data_opts(data_dir, 'tiny_coco'), 'trainer.num_nodes=2', 'trainer.devices=1', 'trainer.strategy=ddp',
+            'trainer.max_epochs=1', 'trainer.limit_train_batches=1', 'trainer.check_val_every_n_epoch=1']
+    procs = [subprocess.Popen(
+        [sys.executable, '-m', 'torch.distributed.run', '--nnodes=2', '--nproc_per_node=1', f'--node_rank={rank}',
+         '--master_addr=127.0.0.1', f'--master_port={port}', 'tools/train.py', DET_CFG,
+         '--work-dir', str(tmp_path / f'node{rank}'), '--cfg-options', *opts],
+        cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    try:
+        logs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f'node {rank}:\n{log[-6000:]}'
+    assert 'bbox_mAP' in json.loads((tmp_path / 'node0' / 'metrics.json').read_text())
+    assert osp.isfile(tmp_path / 'node0' / 'last.ckpt')

@@ -1,0 +1,162 @@
+"""tools/train.py and tools/test.py end to end on CPU, on tiny synthetic data and the demo configs
+(shrunk STViT / HAT-Net, a couple of optimizer steps)."""
+
+import importlib.util
+import json
+import os
+import os.path as osp
+import sys
+
+import pytest
+import torch
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET_CFG = osp.join(REPO, 'configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py')
+SEG_CFG = osp.join(REPO, 'configs/demo/upernet_hat-net-t_tiny-ade20k.py')
+sys.path.insert(0, REPO)
+
+
+def _load_tool(name):
+    # tools/ is not a package (and tools/test.py would shadow the stdlib ``test``): load by path
+    spec = importlib.util.spec_from_file_location(f'_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_tool, test_tool, tiny_data = _load_tool('train'), _load_tool('test'), _load_tool('make_tiny_data')
+
+
+def data_opts(root, dataset):
+    opts = []
+    for split in ('train', 'val', 'test'):
+        opts += [f'{split}_dataloader.dataset.data_root={root}/{dataset}/', f'{split}_dataloader.num_workers=0']
+    return opts + ['train_dataloader.batch_size=2', 'trainer.enable_progress_bar=False',
+                   'trainer.enable_model_summary=False', 'trainer.log_every_n_steps=1']
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp('data')
+    tiny_data.make_coco(out, num_train=4, num_val=3, seed=0)
+    tiny_data.make_ade20k(out, num_train=4, num_val=3, seed=0)
+    return str(out)
+
+
+@pytest.fixture(scope='module')
+def det_run(data_dir, tmp_path_factory):
+    """One epoch of two Mask R-CNN steps, validated; returns (work_dir, metrics)."""
+    work_dir = str(tmp_path_factory.mktemp('det'))
+    metrics = train_tool.main([DET_CFG, '--work-dir', work_dir, '--cfg-options', *data_opts(data_dir, 'tiny_coco'),
+                               'trainer.max_epochs=1', 'trainer.limit_train_batches=2',
+                               'trainer.check_val_every_n_epoch=1'])
+    return work_dir, metrics
+
+
+def _ckpt(path):
+    return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def test_train_writes_metrics_checkpoint_and_resumes(det_run, data_dir):
+    work_dir, metrics = det_run
+    with open(osp.join(work_dir, 'metrics.json')) as f:
+        saved = json.load(f)
+    assert saved == pytest.approx(metrics)
+    assert {'bbox_mAP', 'bbox_mAP_50', 'bbox_mAP_75', 'segm_mAP'} <= set(saved)
+    ckpt = _ckpt(osp.join(work_dir, 'last.ckpt'))
+    assert ckpt['global_step'] == 2
+    # LinearLR (by_epoch=False) stepped after each optimizer step, MultiStepLR after the epoch
+    assert [s['_global_step'] for s in ckpt['lr_schedulers']] == [2, 1]
+    assert [p for p in os.listdir(work_dir) if p.endswith('.tmp')] == []  # no temp files left behind
+    assert osp.isdir(osp.join(work_dir, 'logs')) and osp.isdir(osp.join(work_dir, 'tb'))
+
+    train_tool.main([DET_CFG, '--work-dir', work_dir, '--resume', '--cfg-options',
+                     *data_opts(data_dir, 'tiny_coco'), 'trainer.max_epochs=2', 'trainer.limit_train_batches=2',
+                     'trainer.check_val_every_n_epoch=1'])
+    ckpt = _ckpt(osp.join(work_dir, 'last.ckpt'))
+    assert ckpt['global_step'] == 4
+    assert [s['_global_step'] for s in ckpt['lr_schedulers']] == [4, 2]  # scheduler state was restored
+
+
+def test_test_tool_detection_show_dir(det_run, data_dir, tmp_path):
+    work_dir, _ = det_run
+    out, show = str(tmp_path / 'm.json'), str(tmp_path / 'show')
+    metrics = test_tool.main([DET_CFG, osp.join(work_dir, 'last.ckpt'), '--work-dir', str(tmp_path), '--out', out,
+                              '--show-dir', show, '--score-thr', '0.0', '--cfg-options',
+                              *data_opts(data_dir, 'tiny_coco')])
+    with open(out) as f:
+        assert json.load(f) == pytest.approx(metrics)
+    assert 'bbox_mAP' in metrics and 'segm_mAP' in metrics
+    assert len([p for p in os.listdir(show) if p.endswith('.png')]) == 3
+
+
+def test_segmentation_train_then_test_with_show_dir(data_dir, tmp_path):
+    opts = [*data_opts(data_dir, 'tiny_ade20k'), 'trainer.max_steps=2', 'trainer.val_check_interval=2']
+    metrics = train_tool.main([SEG_CFG, '--work-dir', str(tmp_path), '--cfg-options', *opts])
+    assert {'mIoU', 'aAcc', 'mAcc'} <= set(metrics) and 0 <= metrics['aAcc'] <= 1
+    assert [s['_global_step'] for s in _ckpt(tmp_path / 'last.ckpt')['lr_schedulers']] == [2, 2]
+    show = tmp_path / 'show'
+    test_metrics = test_tool.main([SEG_CFG, str(tmp_path / 'last.ckpt'), '--work-dir', str(tmp_path),
+                                   '--show-dir', str(show), '--cfg-options', *opts])
+    assert test_metrics == pytest.approx(metrics)  # val and test are the same split here
+    assert json.loads((tmp_path / 'test_metrics.json').read_text()) == pytest.approx(metrics)
+    assert len(list(show.glob('*.png'))) == 3
+
+
+def test_missing_data_root_names_path_and_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"(?s)train_dataloader\.dataset\.data_root '/nonexistent/x/'.*"
+                                                r"make_tiny_data\.py.*--cfg-options train_dataloader"):
+        train_tool.main([SEG_CFG, '--work-dir', str(tmp_path), '--cfg-options',
+                         'train_dataloader.dataset.data_root=/nonexistent/x/'])
+
+
+def test_trainer_section_validated_and_mapped():
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from tasks.config import load_config
+    from tasks.trainer import trainer_kwargs
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_epoch'\].*max_epochs"):
+        trainer_kwargs(load_config(SEG_CFG, {'trainer.max_epoch': 3}))
+    kwargs = trainer_kwargs(load_config(DET_CFG, {'trainer.strategy': 'ddp', 'trainer.num_nodes': 2}))
+    assert (kwargs['gradient_clip_val'], kwargs['gradient_clip_algorithm']) == (10.0, 'norm')  # optim_wrapper
+    assert isinstance(kwargs['strategy'], DDPStrategy) and kwargs['num_nodes'] == 2
+    assert kwargs['strategy']._ddp_kwargs == {'find_unused_parameters': False, 'broadcast_buffers': False}
+
+
+def test_paramwise_no_decay_and_preprocessor_device(data_dir):
+    from tasks import build_task
+    from tasks.config import load_config
+    from tasks.optim import build_optimizer
+    cfg = load_config(DET_CFG, {'train_dataloader.dataset.data_root': f'{data_dir}/tiny_coco/'})
+    module, datamodule = build_task(cfg, init_weights=False)
+    decay = {id(p): g['weight_decay'] for g in build_optimizer(module.model, cfg.optim_wrapper).param_groups
+             for p in g['params']}
+    norms = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.GroupNorm, torch.nn.LayerNorm)
+    in_norm = {id(p) for m in module.model.modules() if isinstance(m, norms) for p in m.parameters()}
+    for name, p in module.model.named_parameters():
+        no_decay = name.endswith('.bias') or id(p) in in_norm or 'norm' in name or 'pos_embed' in name
+        assert decay[id(p)] == (0.0 if no_decay else 0.05), name
+    assert any('pos_embed' in name for name, _ in module.model.named_parameters())
+
+    # mm's data_preprocessor caches its device; the module re-syncs it to where it computes
+    module.model.data_preprocessor._device = torch.device('meta')
+    batch = next(iter(datamodule.train_dataloader()))
+    data = module._preprocess(batch, training=True)
+    assert data['inputs'].device.type == 'cpu' and module.model.data_preprocessor.device.type == 'cpu'
+    # mmcv's CPU RoIAlign misreads channels_last maps: the RoI heads must get contiguous features
+    assert all(f.is_contiguous() for f in module.model.extract_feat(data['inputs']))
+
+
+def test_checkpoint_write_is_atomic(tmp_path):
+    from tasks.checkpoint_io import AtomicCheckpointIO
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError('killed mid-write')
+
+    io, path = AtomicCheckpointIO(), tmp_path / 'last.ckpt'
+    io.save_checkpoint({'w': torch.ones(3)}, path)
+    with pytest.raises(RuntimeError, match='killed mid-write'):
+        io.save_checkpoint({'w': torch.zeros(1000), 'x': Unpicklable()}, path)
+    assert torch.equal(_ckpt(path)['w'], torch.ones(3))  # the previous checkpoint is intact
+    assert os.listdir(tmp_path) == ['last.ckpt']  # and the partial temp file is gone

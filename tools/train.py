@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""Train an mmdet / mmseg model from an mmengine config, with Lightning running the loop.
+
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--cfg-options KEY=VALUE ...]
+
+Devices, nodes, strategy, precision... come from the config's ``trainer = dict(...)`` (lightning.Trainer
+kwargs), overridable like any key: ``--cfg-options trainer.devices=4 trainer.strategy=ddp``.
+The work dir (default ``work_dirs/<config stem>``) receives the resolved config, ``last.ckpt``, the best
+checkpoint when ``checkpoint_callback.monitor`` is set, CSV / TensorBoard logs and, at the end,
+``metrics.json`` (the last validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout, uninstalled
+
+import lightning as L  # noqa: E402
+from lightning.fabric.utilities.rank_zero import rank_zero_only  # noqa: E402
+from mmengine.config import DictAction  # noqa: E402
+from mmengine.logging import MMLogger  # noqa: E402
+
+from tasks import build_task  # noqa: E402
+from tasks.checkpoint_io import write_json  # noqa: E402
+from tasks.config import default_work_dir, load_config  # noqa: E402
+from tasks.trainer import build_trainer  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config', help='mmengine config file')
+    parser.add_argument('--work-dir', help='output directory (default: work_dirs/<config stem>)')
+    parser.add_argument('--resume', nargs='?', const='last', metavar='CKPT',
+                        help='resume training from CKPT (default: WORK_DIR/last.ckpt)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={}, metavar='KEY=VALUE',
+                        help='override config keys, e.g. trainer.max_epochs=2 '
+                             'train_dataloader.dataset.data_root=data/tiny_coco/ (values parsed as literals)')
+    return parser.parse_args(argv)
+
+
+def setup_mm_logger(work_dir: str) -> None:
+    """mm's INFO reports (per-parameter init and paramwise options) go to WORK_DIR/mm.log, only
+    warnings to the console, which belongs to Lightning's progress bar. Ranks > 0 (known from the
+    launcher's env before Lightning starts) write no file."""
+    if rank_zero_only.rank == 0 and int(os.environ.get('NODE_RANK', 0)) == 0:
+        os.makedirs(work_dir, exist_ok=True)
+        logger = MMLogger.get_instance(osp.abspath(work_dir), log_file=osp.join(work_dir, 'mm.log'),
+                                       log_level='INFO')
+    else:
+        logger = MMLogger.get_instance(osp.abspath(work_dir), log_level='WARNING')
+    for handler in logger.handlers:
+        if type(handler) is logging.StreamHandler:
+            handler.setLevel(logging.WARNING)
+
+
+def main(argv=None, callbacks=()) -> dict:
+    """Run training; ``callbacks`` are extra Lightning callbacks (tests use them to inspect ranks)."""
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.cfg_options)
+    work_dir = args.work_dir or default_work_dir(cfg, args.config)
+    ckpt = None
+    if args.resume:
+        ckpt = osp.join(work_dir, 'last.ckpt') if args.resume == 'last' else args.resume
+        if not osp.isfile(ckpt):
+            raise FileNotFoundError(f'--resume: checkpoint {ckpt} does not exist')
+
+    setup_mm_logger(work_dir)
+    L.seed_everything((cfg.get('randomness') or {}).get('seed') or 0, workers=True)
+    module, datamodule = build_task(cfg)
+    trainer = build_trainer(cfg, work_dir, callbacks=callbacks)
+    if trainer.is_global_zero:
+        cfg.dump(osp.join(work_dir, osp.basename(args.config)))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    if not module.val_metrics:  # e.g. resumed a finished run, or validation never ran: measure now
+        trainer.validate(module, datamodule=datamodule)
+    if trainer.is_global_zero:
+        write_json(osp.join(work_dir, 'metrics.json'), module.val_metrics)
+    return module.val_metrics
+
+
+if __name__ == '__main__':
+    main()
