@@ -8,7 +8,6 @@ import logging
 import os
 import pickle
 import re
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -60,6 +59,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
     if not os.path.isfile(path):
         raise CheckpointError(f"Checkpoint file not found: {path!r}. Check the path (relative paths are "
                               f"resolved from {os.getcwd()!r}).")
+    _check_content_matches_extension(path)
     if path.endswith(".safetensors"):
         from safetensors import SafetensorError, safe_open
         try:
@@ -74,13 +74,33 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True), {}
     except pickle.UnpicklingError as e:
+        refused = re.search(r"\bGLOBAL ([\w.]+)", str(e))
+        if refused is None:  # not a refused class: bytes that are no pickle at all
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and "documentation" not in ln]
+            raise CheckpointError(f"Cannot read checkpoint {path!r}: the file is corrupt or not a PyTorch "
+                                  f"checkpoint ({lines[-1] if lines else e}).") from e
         raise CheckpointError(
-            f"Refusing to load {path!r}: it contains Python objects outside the allow-list of safe types, and "
-            f"unpickling them could run arbitrary code ({str(e).splitlines()[0]}). If you trust the file, "
+            f"Refusing to load {path!r}: it contains Python objects outside the allow-list of safe types "
+            f"({refused.group(1)}), and unpickling them could run arbitrary code. If you trust the file, "
             "re-save only its tensors: torch.save(state_dict, 'clean.pth').") from e
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+    except Exception as e:  # RuntimeError, EOFError, BadZipFile, IndexError...: whatever broken bytes raise
         raise CheckpointError(f"Cannot read checkpoint {path!r}: the file is truncated or corrupt ({e}). "
                               "Download or export it again.") from e
+
+
+def _check_content_matches_extension(path: str) -> None:
+    """A safetensors file named .pth, or a torch.save file named .safetensors, gets its own message."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    size = os.path.getsize(path)
+    is_zip = head[:4] == b"PK\x03\x04"  # torch.save's (zip) format
+    is_safetensors = len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
+    if path.endswith(".safetensors") and is_zip:
+        raise CheckpointError(f"{path!r} is a PyTorch (torch.save) checkpoint, not a safetensors file: the "
+                              "extension does not match the content. Rename it to .pth.")
+    if not path.endswith(".safetensors") and is_safetensors:
+        raise CheckpointError(f"{path!r} is a safetensors file, but its extension says otherwise: rename it "
+                              "to .safetensors.")
 
 
 # --- finding the backbone tensors ------------------------------------------------------------------------
@@ -111,6 +131,7 @@ def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]
         sd, layout = dict(obj), "plain state dict"
     elif isinstance(obj, Mapping) and _is_state_dict(obj.get("model")):
         sd, layout = dict(obj["model"]), "official release"
+        meta = dict(obj["meta"]) if isinstance(obj.get("meta"), Mapping) else {}  # our official-layout exports
     elif isinstance(obj, Mapping) and _is_state_dict(obj.get("state_dict")):
         sd, layout = dict(obj["state_dict"]), "state_dict checkpoint"
         meta = dict(obj.get("meta") or {})

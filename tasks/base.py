@@ -124,6 +124,14 @@ class MMTaskModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self.test_metrics = self._finish_eval()
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # The resolved config and the last validation metrics travel with the weights, as plain
+        # strings and floats: every loader reads checkpoints with weights_only=True, which refuses
+        # mmengine Config objects.
+        from backbones.export import config_text
+        checkpoint['mm_config'] = config_text(self.cfg)
+        checkpoint['val_metrics'] = dict(self.val_metrics)
+
     # ---- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.cfg.optim_wrapper)

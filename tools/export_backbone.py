@@ -1,0 +1,57 @@
+#!/usr/bin/env python
+"""Export the backbone of a trained detector / segmentor, for sharing or for initialising another model.
+
+    python tools/export_backbone.py CHECKPOINT --out FILE [--format pth|safetensors|official] [--config CONFIG]
+
+CHECKPOINT: a Lightning ``.ckpt`` from tools/train.py, or an mm-format checkpoint (``state_dict`` with
+``backbone.*`` keys, e.g. from tools/export_model.py). The backbone's family and arch come from the config
+stored in the checkpoint or from ``--config`` (the training config; ``model.backbone``).
+
+Formats (default: from the extension of FILE):
+  pth          .pth/.pt          {'state_dict': backbone tensors (official key names), 'meta': {...}}
+  safetensors  .safetensors      the same tensors; meta as JSON under the metadata key "meta"
+  official     .pth/.pt          {'model': ..., 'meta': ...} in the official classification model's layout
+                                 (STViT: constant unfold/fold kernels added; head keys absent, to be filled)
+meta records family, arch, out_indices, the config, step, epoch, the last validation metrics and the
+tensors' sha256. Any of the three loads with ``backbones.load_pretrained`` or
+``init_cfg=dict(type='Pretrained', checkpoint=FILE)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout, uninstalled
+
+from backbones.export import FORMATS, ExportError, export_backbone  # noqa: E402
+from backbones.pretrained import CheckpointError  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('checkpoint', help='Lightning .ckpt or mm-format checkpoint')
+    parser.add_argument('--out', required=True, help='output file (.pth / .pt / .safetensors)')
+    parser.add_argument('--format', choices=FORMATS, help='default: inferred from the extension of --out')
+    parser.add_argument('--config', help='training config (needed when the checkpoint does not store it)')
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    try:
+        meta = export_backbone(args.checkpoint, args.out, args.format, args.config)
+    except (CheckpointError, ExportError) as e:
+        if argv is not None:  # called from Python: let the caller see the exception
+            raise
+        sys.exit(f'error: {e}')
+    metrics = ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in meta['metrics'].items())
+    print(f"wrote {args.out} ({meta['format']}): {meta['family']} backbone, {meta['num_tensors']} tensors, "
+          f"{meta['num_params']:,} values, step {meta['step']}, epoch {meta['epoch']}"
+          f"{', ' + metrics if metrics else ''}\nsha256 of the tensors: {meta['sha256']}")
+    return meta
+
+
+if __name__ == '__main__':
+    main()
