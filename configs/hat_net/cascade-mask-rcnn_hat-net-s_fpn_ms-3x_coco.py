@@ -7,24 +7,10 @@
 # trainer.sync_batchnorm=True for the box heads' BatchNorms (their norm_cfg is SyncBN; the
 # task module reverts mm SyncBN to BN and leaves synchronisation to Lightning). HAT-Net itself
 # has no BatchNorm.
-_base_ = '../stvit/cascade-mask-rcnn_stvit-s_fpn_ms-3x_coco.py'
+_base_ = ['../stvit/cascade-mask-rcnn_stvit-s_fpn_ms-3x_coco.py', '../_base_/models/hat-net-s.py']
 
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='HATNet',
-        arch='small',
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.1,
-        with_cp=False,
-        norm_out=False,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/hatnet_small.pth')),
-    neck=dict(in_channels=[64, 128, 320, 512]))
+model = dict(backbone=_base_.pop('hatnet_s_backbone'))  # neck in_channels as STViT-S
 
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4),
-    paramwise_cfg=dict(norm_decay_mult=0., bias_decay_mult=0.))
+optim_wrapper = _base_.pop('hatnet_optim_wrapper')
 
 trainer = dict(precision='32-true', sync_batchnorm=True)

@@ -6,24 +6,10 @@
 # recipe); only the backbone and trainer precision/BN settings are replaced.
 # Backbone choices: see mask-rcnn_hat-net-s_fpn_1x_coco.py. trainer.sync_batchnorm=True for
 # the FPN head's BatchNorms (SyncBN in mmseg's norm_cfg); HAT-Net itself has no BatchNorm.
-_base_ = '../stvit/fpn_stvit-s_4xb4-80k_ade20k-512x512.py'
+_base_ = ['../stvit/fpn_stvit-s_4xb4-80k_ade20k-512x512.py', '../_base_/models/hat-net-s.py']
 
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='HATNet',
-        arch='small',
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.1,
-        with_cp=False,
-        norm_out=False,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/hatnet_small.pth')),
-    neck=dict(in_channels=[64, 128, 320, 512]))
+model = dict(backbone=_base_.pop('hatnet_s_backbone'))  # neck in_channels as STViT-S
 
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4),
-    paramwise_cfg=dict(norm_decay_mult=0., bias_decay_mult=0.))
+optim_wrapper = _base_.pop('hatnet_optim_wrapper')
 
 trainer = dict(precision='32-true', sync_batchnorm=True)

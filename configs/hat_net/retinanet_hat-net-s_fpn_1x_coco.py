@@ -6,29 +6,15 @@
 # base, stages 2-4 into an FPN with P6/P7 from C5, see there); backbone, optimizer,
 # warm-up and trainer settings are replaced. Backbone choices: see
 # mask-rcnn_hat-net-s_fpn_1x_coco.py.
-_base_ = '../stvit/retinanet_stvit-s_fpn_1x_coco.py'
+_base_ = ['../stvit/retinanet_stvit-s_fpn_1x_coco.py', '../_base_/models/hat-net-s.py']
 
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='HATNet',
-        arch='small',
-        out_indices=(1, 2, 3),
-        drop_path_rate=0.1,
-        with_cp=False,
-        norm_out=False,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/hatnet_small.pth')),
-    neck=dict(in_channels=[128, 320, 512]))
+model = dict(backbone=dict(_base_.pop('hatnet_s_backbone'), out_indices=(1, 2, 3)))  # neck as STViT-S
 
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
     dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
 ]
 
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4),
-    paramwise_cfg=dict(norm_decay_mult=0., bias_decay_mult=0.))
+optim_wrapper = _base_.pop('hatnet_optim_wrapper')
 
 trainer = dict(precision='32-true', sync_batchnorm=False)

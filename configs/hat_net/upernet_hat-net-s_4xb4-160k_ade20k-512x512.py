@@ -8,25 +8,12 @@
 # Backbone choices: see mask-rcnn_hat-net-s_fpn_1x_coco.py. trainer.sync_batchnorm=True for
 # the mmseg heads' BatchNorms (norm_cfg SyncBN in mmseg; the task module reverts mm SyncBN to
 # BN and leaves synchronisation to Lightning). HAT-Net itself has no BatchNorm.
-_base_ = '../stvit/upernet_stvit-s_4xb4-160k_ade20k-512x512.py'
+_base_ = ['../stvit/upernet_stvit-s_4xb4-160k_ade20k-512x512.py', '../_base_/models/hat-net-s.py']
 
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='HATNet',
-        arch='small',
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.1,
-        with_cp=False,
-        norm_out=False,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/hatnet_small.pth')),
-    decode_head=dict(in_channels=[64, 128, 320, 512]),
-    auxiliary_head=dict(in_channels=320))
+model = dict(backbone=_base_.pop('hatnet_s_backbone'))  # head in_channels as STViT-S
 
 optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(norm_decay_mult=0., bias_decay_mult=0.))
+    _base_.pop('hatnet_optim_wrapper'),
+    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01))
 
 trainer = dict(precision='32-true', sync_batchnorm=True)

@@ -14,9 +14,11 @@
 # 640-800 resize only, shared-2fc heads, and its evaluator reports bbox only.)
 # Backbone choices (stoken_size preset, norm_out=False, drop path 0.2 = Swin-T cascade
 # value, SyncBN, AMP): see mask-rcnn_stvit-s_fpn_1x_coco.py.
-_base_ = 'mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py'
-
-custom_imports = dict(imports=['backbones'], allow_failed_imports=False)
+_base_ = [
+    'mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
+    '../_base_/models/stvit-s.py',
+    '../_base_/lightning/det_8x2.py',
+]
 
 
 def _giou_4conv1fc_head(target_stds):
@@ -39,15 +41,7 @@ def _giou_4conv1fc_head(target_stds):
 
 
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='STViT',
-        arch='small',
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.2,
-        with_cp=False,
-        norm_out=False,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/stvit_small.pth')),
+    backbone=_base_.pop('stvit_s_backbone'),
     neck=dict(in_channels=[64, 128, 320, 512]),
     roi_head=dict(bbox_head=[
         _giou_4conv1fc_head([0.1, 0.1, 0.2, 0.2]),
@@ -101,34 +95,6 @@ param_scheduler = [
     dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[27, 33], gamma=0.1),
 ]
 
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.,
-        bias_decay_mult=0.,
-        custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'gamma_1': dict(decay_mult=0.),
-            'gamma_2': dict(decay_mult=0.),
-        }))
+optim_wrapper = _base_.pop('stvit_optim_wrapper')
 
-trainer = dict(
-    devices=8,
-    num_nodes=1,
-    accelerator='auto',
-    strategy='ddp',
-    precision='16-mixed',
-    sync_batchnorm=True,
-    max_epochs=max_epochs,
-    check_val_every_n_epoch=1,
-    log_every_n_steps=50)
-
-checkpoint_callback = dict(
-    monitor='bbox_mAP',
-    mode='max',
-    save_last=True,
-    save_top_k=1,
-    filename='epoch_{epoch:02d}-bbox_mAP_{bbox_mAP:.4f}',
-    auto_insert_metric_name=False)
+trainer = dict(precision='16-mixed', sync_batchnorm=True, max_epochs=max_epochs)

@@ -17,24 +17,16 @@ _base_ = [
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
     'mmseg::_base_/schedules/schedule_80k.py',
+    '../_base_/models/stvit-s.py',
+    '../_base_/lightning/seg_4x4.py',
 ]
-
-custom_imports = dict(imports=['backbones'], allow_failed_imports=False)
 
 crop_size = (512, 512)
 data_preprocessor = dict(size=crop_size)
 model = dict(
     data_preprocessor=data_preprocessor,
     pretrained=None,  # drop the base's ResNet-50 v1c `pretrained`; init_cfg is used
-    backbone=dict(
-        _delete_=True,
-        type='STViT',
-        arch='small',
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.2,
-        with_cp=False,
-        norm_out=False,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/stvit_small.pth')),
+    backbone=_base_.pop('stvit_s_backbone'),
     neck=dict(in_channels=[64, 128, 320, 512]),
     decode_head=dict(num_classes=150))
 
@@ -47,34 +39,7 @@ param_scheduler = [
 ]
 
 optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.,
-        bias_decay_mult=0.,
-        custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'gamma_1': dict(decay_mult=0.),
-            'gamma_2': dict(decay_mult=0.),
-        }))
+    _base_.pop('stvit_optim_wrapper'),
+    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4))
 
-trainer = dict(
-    devices=4,
-    num_nodes=1,
-    accelerator='auto',
-    strategy='ddp',
-    precision='32-true',
-    sync_batchnorm=True,
-    max_steps=max_iters,
-    val_check_interval=val_interval,
-    check_val_every_n_epoch=None,
-    log_every_n_steps=50)
-
-checkpoint_callback = dict(
-    monitor='mIoU',
-    mode='max',
-    save_last=True,
-    save_top_k=1,
-    filename='iter_{step:06d}-mIoU_{mIoU:.4f}',
-    auto_insert_metric_name=False)
+trainer = dict(precision='32-true', sync_batchnorm=True, max_steps=max_iters, val_check_interval=val_interval)

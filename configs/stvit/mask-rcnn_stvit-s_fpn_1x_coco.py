@@ -26,59 +26,20 @@
 # - no weight decay on norms, biases, the positional depth-wise convs (`pos_embed`)
 #   and layer-scale gammas (Swin's "no decay on norm / position bias" rule carried
 #   over to STViT's parameter names).
-_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
+_base_ = [
+    'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
+    '../_base_/models/stvit-s.py',
+    '../_base_/schedules/swin_det_1x.py',
+    '../_base_/lightning/det_8x2.py',
+]
 
-custom_imports = dict(imports=['backbones'], allow_failed_imports=False)
-
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='STViT',
-        arch='small',
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.2,
-        with_cp=False,
-        norm_out=False,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/stvit_small.pth')),
-    neck=dict(in_channels=[64, 128, 320, 512]))
+model = dict(backbone=_base_.pop('stvit_s_backbone'), neck=dict(in_channels=[64, 128, 320, 512]))
 
 max_epochs = 12
 train_cfg = dict(max_epochs=max_epochs, val_interval=1)
 
-param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11], gamma=0.1),
-]
+param_scheduler = _base_.pop('swin_det_1x_param_scheduler')
 
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.,
-        bias_decay_mult=0.,
-        custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'gamma_1': dict(decay_mult=0.),
-            'gamma_2': dict(decay_mult=0.),
-        }))
+optim_wrapper = _base_.pop('stvit_optim_wrapper')
 
-# Lightning: 8 GPUs x 2 images (train_dataloader.batch_size=2 from the base).
-trainer = dict(
-    devices=8,
-    num_nodes=1,
-    accelerator='auto',
-    strategy='ddp',
-    precision='16-mixed',
-    sync_batchnorm=True,
-    max_epochs=max_epochs,
-    check_val_every_n_epoch=1,
-    log_every_n_steps=50)
-
-checkpoint_callback = dict(
-    monitor='bbox_mAP',
-    mode='max',
-    save_last=True,
-    save_top_k=1,
-    filename='epoch_{epoch:02d}-bbox_mAP_{bbox_mAP:.4f}',
-    auto_insert_metric_name=False)
+trainer = dict(precision='16-mixed', sync_batchnorm=True, max_epochs=max_epochs)

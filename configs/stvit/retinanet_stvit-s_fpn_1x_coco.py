@@ -11,58 +11,22 @@
 # its first input, so no backbone output goes unused (matters under DDP if
 # norm_out=True adds a per-output norm). The extra P6/P7 are computed from C5
 # ('on_input'), as in the base. Other backbone choices: see mask-rcnn_stvit-s_fpn_1x_coco.py.
-_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
-
-custom_imports = dict(imports=['backbones'], allow_failed_imports=False)
+_base_ = [
+    'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
+    '../_base_/models/stvit-s.py',
+    '../_base_/schedules/swin_det_1x.py',
+    '../_base_/lightning/det_8x2.py',
+]
 
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='STViT',
-        arch='small',
-        out_indices=(1, 2, 3),
-        drop_path_rate=0.2,
-        with_cp=False,
-        norm_out=False,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/stvit_small.pth')),
+    backbone=dict(_base_.pop('stvit_s_backbone'), out_indices=(1, 2, 3)),
     neck=dict(in_channels=[128, 320, 512], start_level=0, add_extra_convs='on_input', num_outs=5))
 
 max_epochs = 12
 train_cfg = dict(max_epochs=max_epochs, val_interval=1)
 
-param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11], gamma=0.1),
-]
+param_scheduler = _base_.pop('swin_det_1x_param_scheduler')
 
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.,
-        bias_decay_mult=0.,
-        custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'gamma_1': dict(decay_mult=0.),
-            'gamma_2': dict(decay_mult=0.),
-        }))
+optim_wrapper = _base_.pop('stvit_optim_wrapper')
 
-trainer = dict(
-    devices=8,
-    num_nodes=1,
-    accelerator='auto',
-    strategy='ddp',
-    precision='16-mixed',
-    sync_batchnorm=True,
-    max_epochs=max_epochs,
-    check_val_every_n_epoch=1,
-    log_every_n_steps=50)
-
-checkpoint_callback = dict(
-    monitor='bbox_mAP',
-    mode='max',
-    save_last=True,
-    save_top_k=1,
-    filename='epoch_{epoch:02d}-bbox_mAP_{bbox_mAP:.4f}',
-    auto_insert_metric_name=False)
+trainer = dict(precision='16-mixed', sync_batchnorm=True, max_epochs=max_epochs)

@@ -20,23 +20,17 @@
 #   which use mixed precision), and 512x512 crops leave memory to spare.
 # - single-scale evaluation (whole image, short side 512); mmseg's TTA pipeline for
 #   multi-scale + flip numbers is inherited (`tta_pipeline`, `tta_model`).
-_base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
-
-custom_imports = dict(imports=['backbones'], allow_failed_imports=False)
+_base_ = [
+    'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py',
+    '../_base_/models/stvit-s.py',
+    '../_base_/lightning/seg_4x4.py',
+]
 
 model = dict(
     # the base sets an EncoderDecoder-level `pretrained` (ResNet-50 v1c) that would be
     # forwarded to the backbone; the backbone's own init_cfg is used instead.
     pretrained=None,
-    backbone=dict(
-        _delete_=True,
-        type='STViT',
-        arch='small',
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.3,
-        with_cp=False,
-        norm_out=False,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/stvit_small.pth')),
+    backbone=dict(_base_.pop('stvit_s_backbone'), drop_path_rate=0.3),
     decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),
     auxiliary_head=dict(in_channels=320, num_classes=150))
 
@@ -50,35 +44,7 @@ param_scheduler = [
 ]
 
 optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.,
-        bias_decay_mult=0.,
-        custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'gamma_1': dict(decay_mult=0.),
-            'gamma_2': dict(decay_mult=0.),
-        }))
+    _base_.pop('stvit_optim_wrapper'),
+    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01))
 
-# Lightning: 4 GPUs x 4 images (train_dataloader.batch_size=4 from the base).
-trainer = dict(
-    devices=4,
-    num_nodes=1,
-    accelerator='auto',
-    strategy='ddp',
-    precision='32-true',
-    sync_batchnorm=True,
-    max_steps=max_iters,
-    val_check_interval=val_interval,
-    check_val_every_n_epoch=None,
-    log_every_n_steps=50)
-
-checkpoint_callback = dict(
-    monitor='mIoU',
-    mode='max',
-    save_last=True,
-    save_top_k=1,
-    filename='iter_{step:06d}-mIoU_{mIoU:.4f}',
-    auto_insert_metric_name=False)
+trainer = dict(precision='32-true', sync_batchnorm=True, max_steps=max_iters, val_check_interval=val_interval)
