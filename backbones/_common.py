@@ -5,10 +5,38 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 MIN_INPUT_SIZE = 32
 NUM_STAGES = 4
+
+
+# Memory layout. Both backbones run their feature maps in ``torch.channels_last`` memory (logical NCHW
+# shape, NHWC strides), measured faster on CPU: the 3x3 depthwise convolutions run ~3x faster (fwd+bwd,
+# oneDNN's NHWC kernels), the channel LayerNorms and the 1x1 convolutions (run as ``F.linear`` on the
+# NHWC view, ``linear1x1``) need no permute copies, and the attention's q/k/v/out reshapes become views.
+# Values are unchanged (same math; only summation order inside BLAS / oneDNN may differ).
+def nhwc(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, H, W, C) view (contiguous when x is channels_last)."""
+    return x.permute(0, 2, 3, 1)
+
+
+def nchw(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, W, C) -> (B, C, H, W) view (channels_last memory when x is contiguous)."""
+    return x.permute(0, 3, 1, 2)
+
+
+def linear1x1(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
+    """A 1x1 ``nn.Conv2d`` applied to an NHWC tensor (..., C_in) -> (..., C_out), as one GEMM.
+
+    Keeps the official parameter (``conv.weight`` of shape (C_out, C_in, 1, 1)); on CPU this is as fast
+    as or faster than oneDNN's 1x1 convolution and avoids layout conversions."""
+    return F.linear(x, conv.weight.flatten(1), conv.bias)
+
+
+def channels_last(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last)
 
 
 class DropPath(nn.Module):

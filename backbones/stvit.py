@@ -16,10 +16,14 @@ from ._common import (
     NUM_STAGES,
     DropPath,
     StagedBackbone,
+    channels_last,
     check_arch_lengths,
     check_input,
     check_out_indices,
     drop_path_rates,
+    linear1x1,
+    nchw,
+    nhwc,
     resolve_arch,
 )
 
@@ -46,8 +50,8 @@ class LayerNorm2d(nn.LayerNorm):
     """LayerNorm over channels of an NCHW tensor (official: permute -> LN(eps=1e-6) -> permute)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias,
-                            self.eps).permute(0, 3, 1, 2)
+        # On a channels_last map both permutes are free views.
+        return nchw(F.layer_norm(nhwc(x), self.normalized_shape, self.weight, self.bias, self.eps))
 
 
 class _LayerNorm2dWrapper(nn.Module):
@@ -71,7 +75,48 @@ class ResDWC(nn.Module):
         return x + self.conv(x)
 
 
+def _gelu_resdwc(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """r = g + dwconv3x3(g), g = GELU(h), on NHWC tensors (the conv runs on the channels_last view)."""
+    g = nchw(F.gelu(h))
+    return nhwc(g + F.conv2d(g, weight, bias, 1, 1, 1, g.shape[1]))
+
+
+class _MlpTail(torch.autograd.Function):
+    """y = fc2(r), r = GELU(h) + dwconv3x3(GELU(h)): the MLP after fc1, saving only h for backward.
+
+    Plain autograd keeps three hidden-width (4 x dim) tensors per block alive until backward (h, GELU(h),
+    r); this keeps h and recomputes GELU and the depthwise conv in backward (no GEMM is recomputed).
+    Same values and gradients; measured: ~1/3 less activation memory for STViT-S (the hidden tensors are
+    the largest ones), at the cost of one GELU + depthwise-conv forward per block (a few % of the step)."""
+
+    @staticmethod
+    def forward(ctx, h, dw_weight, dw_bias, weight, bias):
+        r = _gelu_resdwc(h, dw_weight, dw_bias)
+        ctx.save_for_backward(h, dw_weight, dw_bias, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(r, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        h, dw_weight, dw_bias, weight = ctx.saved_tensors
+        need_h, need_dww, need_dwb, need_w, need_b = ctx.needs_input_grad
+        leaves = [t.detach().requires_grad_(n) for t, n in ((h, need_h), (dw_weight, need_dww), (dw_bias, need_dwb))]
+        with torch.enable_grad():
+            r = _gelu_resdwc(*leaves)
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        grad_w = dy2.t().mm(r.detach().reshape(-1, r.shape[-1])) if need_w else None
+        grad_b = dy2.sum(0) if need_b and ctx.has_bias else None
+        wanted = [t for t in leaves if t.requires_grad]
+        grads = iter(torch.autograd.grad(r, wanted, dy.matmul(weight)) if wanted else ())
+        return (*(next(grads) if t.requires_grad else None for t in leaves), grad_w, grad_b)
+
+
 class Mlp(nn.Module):
+    # Hidden activations of at least this many elements (32 MiB in fp32) are recomputed in backward
+    # (``_MlpTail``): at 800x1344 that is stages 0 and 1, which hold most of the activation memory; at
+    # 448x672 and below nothing is recomputed (full speed). 0 = always, a huge value = never.
+    recompute_numel = 2 ** 23
+
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.fc1 = nn.Conv2d(dim, hidden, 1)
@@ -80,7 +125,14 @@ class Mlp(nn.Module):
         self.fc2 = nn.Conv2d(hidden, dim, 1)
 
     def forward(self, x):
-        return self.fc2(self.conv(self.act1(self.fc1(x))))
+        # 1x1 convs as GEMMs on the NHWC view; the depthwise conv runs on the channels_last map.
+        h = linear1x1(nhwc(x), self.fc1)
+        if h.numel() >= self.recompute_numel and torch.is_grad_enabled() and not torch.is_autocast_enabled() \
+                and self.act1.approximate == "none":
+            dw = self.conv.conv
+            return nchw(_MlpTail.apply(h, dw.weight, dw.bias, self.fc2.weight.flatten(1), self.fc2.bias))
+        x = self.conv(nchw(self.act1(h)))
+        return nchw(linear1x1(nhwc(x), self.fc2))
 
 
 class Attention(nn.Module):
@@ -101,22 +153,35 @@ class Attention(nn.Module):
 
     def forward(self, x):
         B, C, H, W = x.shape
-        qkv = self.qkv(x).reshape(B, self.num_heads, 3 * C // self.num_heads, H * W).transpose(-1, -2)
-        q, k, v = qkv.chunk(3, dim=-1)  # (B, heads, N, head_dim) each
+        nh = self.num_heads
+        qkv = linear1x1(nhwc(x), self.qkv).reshape(B, H * W, nh, 3, C // nh)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # (B, heads, N, head_dim) each, strided views
+        # SDPA's CPU flash kernel: measured faster than the materialised softmax (plain bmm) and than a
+        # query-chunked bmm autograd.Function with recomputation, at N=1176 and N=4200 (fwd+bwd), and its
+        # memory is O(N) instead of O(N^2).
         out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-        return self.proj(out.transpose(-1, -2).reshape(B, C, H, W))
+        return nchw(linear1x1(out.transpose(1, 2).reshape(B, H, W, C), self.proj))
 
 
 def _unfold3x3(x: torch.Tensor) -> torch.Tensor:
-    """(B, C, h, w) -> (B, h*w, C, 9): each super token with its 3x3 neighbourhood (zeros outside)."""
-    B, C, h, w = x.shape
-    return F.unfold(x, 3, padding=1).reshape(B, C, 9, h * w).permute(0, 3, 1, 2)
+    """(B, h, w, C) -> (B, h*w, 9, C): each super token's 3x3 neighbourhood (zeros outside), contiguous.
+
+    Same as the official identity-kernel Unfold, in an NHWC layout whose matrices feed ``bmm`` without
+    copies (the strided F.unfold layout made bmm fall back to a per-batch loop)."""
+    B, h, w, C = x.shape
+    xp = F.pad(x, (0, 0, 1, 1, 1, 1))
+    return torch.stack([xp[:, i:i + h, j:j + w] for i in range(3) for j in range(3)], dim=3).reshape(B, h * w, 9, C)
 
 
 def _fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """Adjoint of ``_unfold3x3``: (B, h*w, C, 9) -> (B, C, h, w), summing each neighbour's share."""
-    B, _, C, _ = x.shape
-    return F.fold(x.permute(0, 2, 3, 1).reshape(B, C * 9, h * w), (h, w), 3, padding=1)
+    """Adjoint of ``_unfold3x3``: (B, h*w, 9, C) -> (B, h, w, C), summing each neighbour's share."""
+    B, _, _, C = x.shape
+    x = x.reshape(B, h, w, 9, C)
+    out = x.new_zeros(B, h + 2, w + 2, C)
+    for k in range(9):
+        i, j = divmod(k, 3)
+        out[:, i:i + h, j:j + w] += x[:, :, :, k]
+    return out[:, 1:h + 1, 1:w + 1]
 
 
 class StokenAttention(nn.Module):
@@ -146,23 +211,25 @@ class StokenAttention(nn.Module):
         hh, ww = H // h, W // w
 
         # Pixel -> super-token association in float32 even under autocast: the normaliser
-        # `affinity_sum + 1e-12` underflows in float16.
+        # `affinity_sum + 1e-12` underflows in float16. Everything below is NHWC: (B, tokens, pixels, C).
         with torch.autocast(x.device.type, enabled=False):
-            x32 = x.float()
-            stokens = F.adaptive_avg_pool2d(x32, (hh, ww))  # initial super tokens: mean of each grid cell
-            pixels = x32.reshape(B, C, hh, h, ww, w).permute(0, 2, 4, 3, 5, 1).reshape(B, hh * ww, h * w, C)
+            pixels = nhwc(x.float()).reshape(B, hh, h, ww, w, C).transpose(2, 3).reshape(B, hh * ww, h * w, C)
             # The association is computed without gradient (as in the official code); gradients reach the
             # super tokens through `pixels` only.
             with torch.no_grad():
+                # initial super tokens: the mean of each grid cell (official: adaptive_avg_pool2d)
+                stokens = pixels.mean(2).reshape(B, hh, ww, C)
                 for idx in range(self.n_iter):
-                    affinity = (pixels @ _unfold3x3(stokens) * self.scale).softmax(-1)  # (B, hh*ww, h*w, 9)
-                    affinity_sum = _fold3x3(affinity.sum(2).unsqueeze(2), hh, ww)  # (B, 1, hh, ww)
+                    affinity = (pixels @ _unfold3x3(stokens).transpose(-1, -2) * self.scale).softmax(-1)
+                    affinity_sum = _fold3x3(affinity.sum(2).unsqueeze(-1), hh, ww)  # (B, hh, ww, 1)
                     if idx < self.n_iter - 1:
-                        stokens = _fold3x3(pixels.transpose(-1, -2) @ affinity, hh, ww) / (affinity_sum + 1e-12)
-            stokens = _fold3x3(pixels.transpose(-1, -2) @ affinity, hh, ww) / (affinity_sum + 1e-12)
+                        stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
+            stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
+        stokens = nchw(stokens)
         stokens = self.stoken_refine(stokens.to(x.dtype) if not torch.is_autocast_enabled() else stokens)
-        pixels = _unfold3x3(stokens) @ affinity.transpose(-1, -2).to(stokens.dtype)  # (B, hh*ww, C, h*w)
-        pixels = pixels.reshape(B, hh, ww, C, h, w).permute(0, 3, 1, 4, 2, 5).reshape(B, C, H, W)
+        unfolded = _unfold3x3(nhwc(stokens))  # (B, hh*ww, 9, C)
+        pixels = affinity.to(unfolded.dtype) @ unfolded  # (B, hh*ww, h*w, C)
+        pixels = nchw(pixels.reshape(B, hh, ww, h, w, C).transpose(2, 3).reshape(B, H, W, C))
         if pad_r or pad_b:
             pixels = pixels[:, :, :H0, :W0]
         return pixels
@@ -289,12 +356,14 @@ class STViT(StagedBackbone):
 
     def forward(self, x):
         check_input(x, "STViT")
-        x = self.patch_embed(x)
+        x = self.patch_embed(channels_last(x))  # see _common: channels_last runs faster on CPU
         outs = []
         for i, layer in enumerate(self.layers):
             x = self._run_blocks(layer.blocks, x)
             if i in self.out_indices:
-                outs.append(self.out_norms[i](x) if self.norm_out else x)
+                # Outputs in the standard contiguous NCHW layout: consumers such as mmcv's RoIAlign index
+                # their input's memory as NCHW and silently misread channels_last tensors.
+                outs.append((self.out_norms[i](x) if self.norm_out else x).contiguous())
             if layer.downsample is not None:
                 x = layer.downsample(x)
         return tuple(outs)

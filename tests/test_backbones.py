@@ -249,3 +249,10 @@ def test_bf16_autocast_and_half_weights(cls, arch):
         half.load_state_dict(model.state_dict())
         for a, b in zip(half(x.bfloat16()), ref):
             assert (a.float() - b).abs().max() <= 0.1 * b.abs().max()
+
+
+@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+def test_outputs_are_contiguous_nchw(cls, arch):
+    # Internals may run channels_last; consumers such as mmcv's RoIAlign read memory as NCHW.
+    outs = cls(arch, norm_out=True).eval()(torch.randn(1, 3, 64, 96))
+    assert all(o.is_contiguous() for o in outs)

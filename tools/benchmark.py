@@ -35,15 +35,47 @@ FAMILIES = {"stvit": STViT, "hatnet": HATNet}
 BASELINES = ("reference", "swin-t", "resnet50")
 
 
+def official_equivalent(model: torch.nn.Module) -> torch.nn.Module:
+    """The baseline of ``--compare``: ``tests.reference_impl.as_reference`` (the official attention math,
+    explicit N x N matrices, identity-kernel unfold/fold) plus the official forwards of the modules that
+    our STViT runs differently (NCHW maps, 1x1 convs as nn.Conv2d, permute-copy LayerNorm), so that it
+    computes the way the official code does, on the same weights."""
+    import types
+
+    import torch.nn.functional as F
+
+    from backbones import stvit
+    from tests.reference_impl import as_reference
+    ref = as_reference(model)
+
+    def mlp(self, x):
+        return self.fc2(self.conv(self.act1(self.fc1(x))))
+
+    def layer_norm(self, x):
+        return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias,
+                            self.eps).permute(0, 3, 1, 2).contiguous()
+
+    def nchw_input(self, x):  # undo our channels_last conversion at the stem
+        return torch.nn.Sequential.forward(self, x.contiguous())
+
+    for m in ref.modules():
+        if isinstance(m, stvit.Mlp):
+            m.forward = types.MethodType(mlp, m)
+        elif isinstance(m, stvit.LayerNorm2d):
+            m.forward = types.MethodType(layer_norm, m)
+        elif isinstance(m, stvit.PatchEmbed):
+            m.proj.forward = types.MethodType(nchw_input, m.proj)
+    return ref
+
+
 def build(name: str, family: str, arch: str, stoken_size=None, with_cp=False) -> torch.nn.Module:
-    """ours | reference (literal transcription, same weights: same seed) | swin-t | resnet50 (mmdet)."""
+    """ours | reference (official-equivalent, same weights: same seed) | swin-t | resnet50 (mmdet)."""
     torch.manual_seed(0)
     if name in ("ours", "reference"):
         kwargs = dict(stoken_size=stoken_size) if stoken_size and family == "stvit" else {}
         model = FAMILIES[family](arch, with_cp=with_cp, **kwargs)
         if name == "reference":
-            from tests.reference_impl import as_reference
-            model = as_reference(model)
+            model = official_equivalent(model)
         return model
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
@@ -103,13 +135,32 @@ def time_models(models: dict, x, args) -> dict:
 def peak_memory_gib(name: str, args) -> float:
     """Peak memory of one model's iterations; on CPU in a child process so models do not share a peak."""
     if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         model, x = _model_and_input(name, args)
         make_step(model, x, args.mode, args.precision)()
-        return torch.cuda.max_memory_allocated() / 2 ** 30
+        peak = torch.cuda.max_memory_allocated() / 2 ** 30
+        del model, x
+        return peak
     cmd = [sys.executable, __file__, "--_child", name] + _forward_args(args)
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return json.loads(out.stdout.strip().splitlines()[-1])["max_rss_gib"]
+
+
+def _peak_rss_gib() -> float:
+    """This process's peak resident memory. Linux: VmHWM of /proc/self/status (kB). Not ru_maxrss: that
+    survives exec, so a child started from a large parent reports the parent's RSS at fork time."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2 ** 20
+    except OSError:
+        pass
+    # ru_maxrss: KiB on Linux, bytes on macOS
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2 ** 30 if sys.platform == "darwin" else 2 ** 20)
 
 
 def _model_and_input(name, args):
@@ -129,14 +180,22 @@ def _forward_args(args) -> list[str]:
 
 def run(args) -> list[dict]:
     names = ["ours"] + (list(BASELINES) if args.compare else [])
-    models, rows = {}, []
-    for name in names:
-        models[name], x = _model_and_input(name, args)
+    models, rows, failed = {}, [], {}
     h, w = args.size
-    try:
-        times = time_models(models, x, args)
-    except RuntimeError as e:  # e.g. the literal HAT-Net at a size that does not divide its grid
-        raise SystemExit(f"benchmark failed at {h}x{w}: {e}") from e
+    for name in names:
+        model, x = _model_and_input(name, args)
+        try:  # e.g. the literal HAT-Net needs sizes that divide its grids (800x1344 does not)
+            with torch.no_grad():
+                model.eval()
+                model(x[:1])
+        except RuntimeError as e:
+            if name == "ours":
+                raise SystemExit(f"benchmark failed at {h}x{w}: {e}") from e
+            failed[name] = str(e).splitlines()[0]
+            print(f"note: {name} cannot run at {h}x{w}: {failed[name]}", file=sys.stderr)
+            continue
+        models[name] = model
+    times = time_models(models, x, args)
     for name, model in models.items():
         rows.append(dict(model=name, family=args.family if name in ("ours", "reference") else name,
                          arch=args.arch, size=f"{h}x{w}", batch=args.batch, mode=args.mode,
@@ -147,6 +206,8 @@ def run(args) -> list[dict]:
     for row in rows:
         row["peak_gib"] = peak_memory_gib(row["model"], args) if not args.no_memory else float("nan")
         row["speedup_vs_reference"] = (times["reference"] / times[row["model"]]) if "reference" in times else None
+        for base in ("swin-t", "resnet50"):
+            row[f"speedup_vs_{base}"] = (times[base] / times[row["model"]]) if base in times else None
     return rows
 
 
@@ -174,6 +235,39 @@ def variants_table() -> str:
         head_params, head_macs = classifier_head(family, model.stage_channels[-1])
         lines.append(f"| {family}-{arch} | {params / 1e6:.1f} | {macs / 1e9:.2f} | "
                      f"{(params + head_params) / 1e6:.1f} / {(macs + head_macs) / 1e9:.2f} | {p_params} / {p_gmacs} |")
+    return "\n".join(lines)
+
+
+TABLE_CONFIGS = (("stvit", None), ("stvit", "dense"), ("hatnet", None))
+
+
+def speed_table(args) -> str:
+    """One markdown table: every TABLE_CONFIGS row at 448x672 and 800x1344, train mode, with --compare."""
+    import copy
+    lines = ["| backbone | input | s/iter | vs reference | vs Swin-T | vs ResNet-50 | peak GiB (ref / Swin-T / R50) "
+             "| GMACs |", "|---|---|---|---|---|---|---|---|"]
+    fmt = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
+    all_rows = []
+    for size in ((448, 672), (800, 1344)):
+        for family, stoken in TABLE_CONFIGS:
+            a = copy.copy(args)
+            a.family, a.arch, a.size, a.mode, a.compare = family, "small", size, "train", True
+            a.stoken_size = args.dense_stoken_size if stoken == "dense" else None
+            rows = run(a)
+            all_rows += rows
+            by = {r["model"]: r for r in rows}
+            ours = by["ours"]
+            name = {"stvit": "STViT-S", "hatnet": "HAT-Net-S"}[family]
+            if stoken == "dense":
+                name += f" stoken {','.join(map(str, a.stoken_size))}"
+            peaks = " / ".join(f"{by[k]['peak_gib']:.2f}" if k in by else "n/a" for k in BASELINES)
+            lines.append(f"| {name} | {size[0]}x{size[1]} | {ours['seconds']:.2f} "
+                         f"| {fmt(ours['speedup_vs_reference'])} "
+                         f"| {fmt(ours['speedup_vs_swin-t'])} | {fmt(ours['speedup_vs_resnet50'])} "
+                         f"| {ours['peak_gib']:.2f} ({peaks}) | {ours['gmacs']:.1f} |")
+            print(lines[-1], file=sys.stderr, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(all_rows, indent=1))
     return "\n".join(lines)
 
 
@@ -205,22 +299,31 @@ def parse_args(argv=None):
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--variants", action="store_true", help="params / GMACs of every released variant at 224")
+    p.add_argument("--table", action="store_true",
+                   help="the README speed table: STViT-S (default and dense stoken sizes) and HAT-Net-S at "
+                        "448x672 and 800x1344, train, vs reference / Swin-T / ResNet-50, with peak memory")
+    p.add_argument("--dense-stoken-size", type=lambda s: [int(v) for v in s.split(",")], default=[8, 4, 2, 1],
+                   help="STViT super-token sizes of the table's dense-prediction rows (default 8,4,2,1)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's default)")
     p.add_argument("--_child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads or max(1, torch.get_num_threads()))
     if args._child:  # measure one model's peak RSS in isolation
         model, x = _model_and_input(args._child, args)
         step = make_step(model, x, args.mode, args.precision)
         step()
         step()
-        print(json.dumps({"max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}))
+        print(json.dumps({"max_rss_gib": _peak_rss_gib()}))
         return
     if args.variants:
         print(variants_table())
+        return
+    if args.table:
+        print(speed_table(args))
         return
     rows = run(args)
     print_rows(rows)

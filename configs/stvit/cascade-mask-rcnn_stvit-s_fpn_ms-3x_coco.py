@@ -40,8 +40,10 @@ def _giou_4conv1fc_head(target_stds):
         loss_bbox=dict(type='GIoULoss', loss_weight=10.0))
 
 
+# Super tokens in stage 3 at COCO scale (see the header of mask-rcnn_stvit-s_fpn_1x_coco.py).
+dense_stoken_size = [8, 4, 4, 1]
 model = dict(
-    backbone=_base_.pop('stvit_s_backbone'),
+    backbone=dict(_base_.pop('stvit_s_backbone'), stoken_size=dense_stoken_size),
     neck=dict(in_channels=[64, 128, 320, 512]),
     roi_head=dict(bbox_head=[
         _giou_4conv1fc_head([0.1, 0.1, 0.2, 0.2]),

@@ -12,7 +12,10 @@ _base_ = [
     '../_base_/lightning/det_8x2.py',
 ]
 
-model = dict(backbone=_base_.pop('stvit_s_backbone'), neck=dict(in_channels=[64, 128, 320, 512]))
+# Super tokens in stage 3 at COCO scale (see the header of mask-rcnn_stvit-s_fpn_1x_coco.py).
+dense_stoken_size = [8, 4, 4, 1]
+model = dict(backbone=dict(_base_.pop('stvit_s_backbone'), stoken_size=dense_stoken_size),
+             neck=dict(in_channels=[64, 128, 320, 512]))
 
 max_epochs = 36
 train_cfg = dict(max_epochs=max_epochs, val_interval=1)

@@ -7,8 +7,9 @@
 #     optim_wrapper = _base_.pop('stvit_optim_wrapper')
 # (pop, not a plain reference, so that the carrier names do not stay in the resolved config).
 #
-# Backbone choices (see mask-rcnn_stvit-s_fpn_1x_coco.py): stoken_size not set (the
-# classification preset [8, 4, 1, 1]); norm_out=False (the exact official stage features);
+# Backbone choices (see mask-rcnn_stvit-s_fpn_1x_coco.py): stoken_size not set here (the
+# classification preset [8, 4, 1, 1]; the COCO leaves set the dense setting [8, 4, 4, 1]);
+# norm_out=False (the exact official stage features);
 # drop_path_rate=0.2 (the detection / Semantic FPN value; the UperNet configs override it);
 # no activation checkpointing (STViT-L detection overrides it).
 stvit_s_backbone = dict(

@@ -1,0 +1,83 @@
+"""The speed / memory code paths compute exactly what the plain formulation computes (forward and gradients):
+STViT's recomputing MLP tail (``_MlpTail``), the NHWC unfold / fold of the super-token association, and the
+channels_last layout."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from backbones import STViT
+from backbones.stvit import Mlp, _fold3x3, _MlpTail, _unfold3x3
+from tests.reference_impl import _fold, _unfold, as_reference
+from tests.test_backbones import STVIT_T
+from tests.test_golden import assert_close
+
+
+def _plain_mlp(m: Mlp, x):
+    return m.fc2(m.conv(m.act1(m.fc1(x))))  # the official forward, NCHW convs
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_mlp_tail_equals_plain(frozen, monkeypatch):
+    monkeypatch.setattr(Mlp, "recompute_numel", 0)  # always take the recomputing path
+    torch.manual_seed(0)
+    m = Mlp(16, 64)
+    if frozen:
+        m.conv.requires_grad_(False)
+    x = torch.randn(2, 16, 9, 11).contiguous(memory_format=torch.channels_last).requires_grad_()
+    params = [p for p in m.parameters() if p.requires_grad]
+    y, y_ref = m(x), _plain_mlp(m, x)
+    assert_close(y, y_ref, "mlp out")
+    g = torch.randn_like(y)
+    for a, b in zip(torch.autograd.grad(y, [x] + params, g), torch.autograd.grad(y_ref, [x] + params, g)):
+        assert_close(a, b, "mlp grad")
+
+
+def test_mlp_tail_gradcheck():
+    args = [torch.randn(1, 4, 5, 6), torch.randn(6, 1, 3, 3), torch.randn(6), torch.randn(3, 6), torch.randn(3)]
+    assert torch.autograd.gradcheck(_MlpTail.apply, [a.double().requires_grad_() for a in args])
+
+
+def test_unfold_fold_equal_identity_kernel_convs():
+    torch.manual_seed(0)
+    B, C, h, w = 2, 5, 4, 6
+    x = torch.randn(B, C, h, w)
+    ours = _unfold3x3(x.permute(0, 2, 3, 1))  # (B, h*w, 9, C)
+    ref = _unfold(x).reshape(B, C, 9, h * w).permute(0, 3, 2, 1)
+    torch.testing.assert_close(ours, ref)
+    t = torch.randn(B, h * w, 9, C)
+    ref_fold = _fold(t.permute(0, 3, 2, 1).reshape(B * C, 9, h, w)).reshape(B, C, h, w)
+    torch.testing.assert_close(_fold3x3(t, h, w).permute(0, 3, 1, 2), ref_fold)
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+@pytest.mark.parametrize("with_cp", [False, True])
+def test_stvit_train_step_equals_reference(recompute, with_cp, monkeypatch):
+    """Whole model, train mode (BatchNorm batch statistics), both MLP paths, with and without checkpointing."""
+    monkeypatch.setattr(Mlp, "recompute_numel", 0 if recompute else 2 ** 62)
+    torch.manual_seed(0)
+    arch = {**STVIT_T, "stoken_size": [4, 2, 2, 1]}
+    model = STViT(arch, with_cp=with_cp).train()
+    ref = as_reference(model)
+    x = torch.randn(2, 3, 72, 100)
+    outs, ref_outs = model(x), ref(x)
+    for i, (a, b) in enumerate(zip(outs, ref_outs)):
+        assert_close(a, b, f"stage {i}")
+    w = [torch.randn_like(o) for o in outs]
+    sum((o * wi).sum() for o, wi in zip(outs, w)).backward()
+    sum((o * wi).sum() for o, wi in zip(ref_outs, w)).backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        if n.endswith("downsample.proj.0.bias"):  # conv bias right before a train-mode BN: gradient is 0 + noise
+            assert p.grad.abs().max() < 1e-4 * ref.layers[0].downsample.proj[0].weight.grad.abs().max()
+            continue
+        assert_close(p.grad, q.grad, n)
+
+
+def test_channels_last_is_an_internal_detail():
+    model = STViT(STVIT_T).eval()
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        a = model(x)
+        b = model(x.contiguous(memory_format=torch.channels_last))
+    for o1, o2 in zip(a, b):
+        torch.testing.assert_close(o1, o2, rtol=0, atol=0)
+        assert F.relu(o1).shape == o1.shape
