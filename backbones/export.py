@@ -237,7 +237,7 @@ def _read_lightning(path: str, obj: Mapping, sd: dict) -> TrainingCheckpoint:
 
 def _config_text_from_dict(d: Mapping) -> str:
     from mmengine.config import Config
-    return Config(dict(d)).pretty_text
+    return config_text(Config(dict(d)))
 
 
 # --- configs ---------------------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def resolve_config(ckpt: TrainingCheckpoint, config: str | os.PathLike | None = 
         cfg = Config.fromfile(config)
         info = {"source": "file", "path": config}
     elif ckpt.config_text:
-        cfg = Config.fromstring(ckpt.config_text, ".py")
+        cfg = Config(config_from_text(ckpt.config_text, ckpt.path))
         info = {"source": "checkpoint", "path": None}
     else:
         here = os.path.dirname(os.path.abspath(ckpt.path))
@@ -265,6 +265,26 @@ def resolve_config(ckpt: TrainingCheckpoint, config: str | os.PathLike | None = 
                           f"it): pass --config CONFIG, the config the model was trained with.{hint}")
     info["text"] = config_text(cfg)
     return cfg, info
+
+
+def config_from_text(text: str, source: str) -> dict:
+    """Read a config stored in a checkpoint WITHOUT running it: only ``key = literal`` statements.
+
+    A config file is Python and executing one from an untrusted checkpoint would run its code, so anything
+    but plain literals (calls, imports, expressions) is refused and the user is asked for ``--config``.
+    """
+    try:
+        tree = ast.parse(text, mode="exec")
+        out = {}
+        for stmt in tree.body:
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name)):
+                raise ValueError(f"line {stmt.lineno} is not a plain `key = value` assignment")
+            out[stmt.targets[0].id] = ast.literal_eval(stmt.value)
+        return out
+    except (SyntaxError, ValueError) as e:
+        raise ExportError(f"The config stored in {source!r} is not plain literals ({e}); it is not executed. "
+                          "Pass --config CONFIG, the config the model was trained with.") from e
 
 
 def config_text(cfg) -> str:

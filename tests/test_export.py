@@ -402,3 +402,16 @@ def test_official_export_refuses_output_norms(tmp_path):
     with pytest.raises(ExportError, match=r'output norms \(norm_out=True.*--format pth or safetensors'):
         _official_export(tmp_path, STViT(arch, norm_out=True), 'STViT', arch, norm_out=True)
     assert not (tmp_path / 'official.pth').exists()
+
+
+def test_config_text_in_a_checkpoint_is_never_executed(det_run, tmp_path):
+    """The config stored in a checkpoint is read as literals only: a crafted one cannot run code."""
+    ckpt, _, _ = det_run
+    marker = tmp_path / 'pwned'
+    obj = torch.load(ckpt, map_location='cpu', weights_only=True)
+    obj['mm_config'] = f"import os\nos.system('touch {marker}')\n" + obj['mm_config']
+    evil = tmp_path / 'evil.ckpt'
+    torch.save(obj, evil)
+    with pytest.raises(ExportError, match='not plain literals.*not executed.*--config'):
+        export_backbone(evil, tmp_path / 'x.pth')
+    assert not marker.exists() and not (tmp_path / 'x.pth').exists()
