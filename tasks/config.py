@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import os.path as osp
+import re
 
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
@@ -39,3 +41,32 @@ def register_scope(scope: str) -> None:
 
 def default_work_dir(cfg: Config, config_path: str | os.PathLike) -> str:
     return cfg.get('work_dir') or osp.join('work_dirs', osp.splitext(osp.basename(config_path))[0])
+
+
+def _registry_names(registry) -> set[str]:
+    """Names in ``registry``, its parents and their children (mmdet / mmseg / mmengine scopes)."""
+    root = registry
+    while root.parent is not None:
+        root = root.parent
+    names, todo = set(), [root]
+    while todo:
+        reg = todo.pop()
+        names |= set(reg.module_dict)
+        todo += list(reg.children.values())
+    return names
+
+
+def build_from_registry(registry, cfg: dict, what: str = 'model'):
+    """``registry.build(cfg)``; a ``type`` the registry does not know gets the closest registered names."""
+    try:
+        return registry.build(cfg)
+    except KeyError as e:
+        m = re.search(r"'?([\w.:]+) is not in the ", str(e))
+        if m is None:
+            raise
+        name = m.group(1).split('.')[-1]
+        near = difflib.get_close_matches(name, _registry_names(registry), n=5, cutoff=0.6)
+        near += sorted(n for n in _registry_names(registry) if n.lower() == name.lower() and n not in near)
+        hint = f' Did you mean {", ".join(repr(n) for n in near)}?' if near else ''
+        raise KeyError(f"{what}: unknown type {name!r} (not registered in {registry.scope}'s {registry.name} "
+                       f"registry or its parents).{hint}") from e

@@ -4,10 +4,19 @@
 listing the valid ones). Defaults come from the mm sections when the trainer section is silent:
 ``train_cfg`` (epochs / iterations, validation interval), ``optim_wrapper.clip_grad`` (gradient
 clipping) and ``optim_wrapper.accumulative_counts`` (gradient accumulation).
+
+Top-level reliability keys (besides ``nonfinite_loss``, see tasks/base.py):
+
+* ``checkpoint_every_n_steps = N``: also write ``last.ckpt`` every N optimizer steps (a second
+  ModelCheckpoint, independent of ``checkpoint_callback.monitor``), so that a killed job resumes with
+  ``--resume`` from at most N steps back, mid-epoch included, and repeats the uninterrupted run exactly.
+* ``trainer.strategy = dict(type='ddp', timeout=SECONDS)``: the process-group timeout (a number of seconds
+  is turned into a ``timedelta``): how long a rank waits in a collective for a peer that died.
 """
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import os
 
@@ -41,6 +50,8 @@ def _strategy(spec):
     if isinstance(spec, dict):
         kwargs = dict(spec)
         spec = kwargs.pop('type')
+        if isinstance(kwargs.get('timeout'), (int, float)):
+            kwargs['timeout'] = datetime.timedelta(seconds=kwargs['timeout'])
     if spec in ('ddp', 'ddp_find_unused_parameters_true'):
         kwargs.setdefault('find_unused_parameters', spec.endswith('_true'))
         kwargs.setdefault('broadcast_buffers', False)
@@ -122,6 +133,10 @@ def build_trainer(cfg: Config, work_dir: str, callbacks=(), for_test: bool = Fal
     else:
         if kwargs.get('enable_checkpointing', True):
             callbacks.append(checkpoint_callback(cfg, work_dir))
+            every = cfg.get('checkpoint_every_n_steps')
+            if every:
+                callbacks.append(ModelCheckpoint(dirpath=work_dir, save_last=True, save_top_k=0,
+                                                 every_n_train_steps=int(every), enable_version_counter=False))
         if kwargs.get('logger', True) is True:
             kwargs['logger'] = [CSVLogger(work_dir, name='logs'), TensorBoardLogger(work_dir, name='tb')]
     os.makedirs(work_dir, exist_ok=True)

@@ -19,11 +19,10 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout, uninstalled
 
-import torch  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 
 from tasks import build_task  # noqa: E402
-from tasks.checkpoint_io import write_json  # noqa: E402
+from tasks.checkpoint_io import load_checkpoint_safely, write_json  # noqa: E402
 from tasks.config import default_work_dir, load_config  # noqa: E402
 from tasks.trainer import build_trainer  # noqa: E402
 from tasks.visualize import PredictionWriter  # noqa: E402
@@ -46,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_plain_checkpoint(module, path: str) -> None:
     """Load a non-Lightning checkpoint into the mm model (mmengine / mmdet / mmseg release format)."""
-    ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    ckpt = load_checkpoint_safely(path)
     state = ckpt.get('state_dict', ckpt)
     state = {k.removeprefix('module.'): v for k, v in state.items()}
     module.model.load_state_dict(state, strict=True)
@@ -65,8 +64,9 @@ def main(argv=None) -> dict:
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
     if not osp.exists(args.checkpoint):
         raise FileNotFoundError(f'checkpoint {args.checkpoint} does not exist')
-    is_lightning = osp.isdir(args.checkpoint) or 'pytorch-lightning_version' in torch.load(
-        args.checkpoint, map_location='cpu', weights_only=True, mmap=True)
+    # weights_only + allow-list: a checkpoint holding other Python objects is refused, never unpickled
+    is_lightning = osp.isdir(args.checkpoint) or 'pytorch-lightning_version' in load_checkpoint_safely(
+        args.checkpoint)
 
     module, datamodule = build_task(cfg, init_weights=False)  # the checkpoint provides every weight
     if not is_lightning:

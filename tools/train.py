@@ -8,6 +8,9 @@ kwargs), overridable like any key: ``--cfg-options trainer.devices=4 trainer.str
 The work dir (default ``work_dirs/<config stem>``) receives the resolved config, ``last.ckpt``, the best
 checkpoint when ``checkpoint_callback.monitor`` is set, CSV / TensorBoard logs and, at the end,
 ``metrics.json`` (the last validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``.
+
+A process that fails prints ``rank R failed: <error>`` and exits with status 1; under Lightning's DDP
+launcher the other ranks are then killed (see tasks/trainer.py for the process-group timeout).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import os
 import os.path as osp
 import sys
+import traceback
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout, uninstalled
 
@@ -84,5 +88,24 @@ def main(argv=None, callbacks=()) -> dict:
     return module.val_metrics
 
 
+def _rank() -> int:
+    if rank_zero_only.rank:  # set by Lightning to the global rank once the trainer exists
+        return rank_zero_only.rank
+    for var in ('RANK', 'LOCAL_RANK'):
+        if os.environ.get(var, '').isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def cli(argv=None, callbacks=()) -> None:
+    """``main`` for the command line: a failure prints ``rank R failed: ...`` and exits with status 1."""
+    try:
+        main(argv, callbacks)
+    except Exception as e:  # noqa: BLE001 - report which process failed, then exit non-zero
+        traceback.print_exc()
+        print(f'rank {_rank()} failed: {type(e).__name__}: {e}', file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
 if __name__ == '__main__':
-    main()
+    cli()

@@ -68,4 +68,8 @@ param_scheduler = [
 trainer = dict(accelerator='cpu', devices=1, max_epochs=max_epochs, check_val_every_n_epoch=max_epochs,
                num_sanity_val_steps=0, log_every_n_steps=4)
 checkpoint_callback = dict(monitor='bbox_mAP', mode='max')
-randomness = dict(seed=0)
+randomness = dict(seed=0)  # data order and augmentation are a function of (seed, epoch): tasks/data.py
+# Reliability (tasks/trainer.py, tasks/base.py): write last.ckpt every N optimizer steps for an exact mid-epoch
+# --resume, and 'raise' (stop, naming the step and loss terms) or 'skip' steps whose loss is NaN / inf.
+checkpoint_every_n_steps = None
+nonfinite_loss = 'raise'

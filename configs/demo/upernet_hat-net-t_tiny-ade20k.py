@@ -60,4 +60,8 @@ train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=ma
 trainer = dict(accelerator='cpu', devices=1, max_steps=max_iters, max_epochs=-1, val_check_interval=max_iters,
                check_val_every_n_epoch=None, num_sanity_val_steps=0, log_every_n_steps=10)
 checkpoint_callback = dict(monitor='mIoU', mode='max')
-randomness = dict(seed=0)
+randomness = dict(seed=0)  # data order and augmentation are a function of (seed, epoch): tasks/data.py
+# Reliability (tasks/trainer.py, tasks/base.py): write last.ckpt every N optimizer steps for an exact mid-epoch
+# --resume, and 'raise' (stop, naming the step and loss terms) or 'skip' steps whose loss is NaN / inf.
+checkpoint_every_n_steps = None
+nonfinite_loss = 'raise'

@@ -1,0 +1,198 @@
+"""Fault injection on the training tools: SIGKILL and resume, non-finite losses, a failing DDP rank.
+
+Every fault is real (a killed process, a NaN produced by the model, an exception on one rank); nothing of
+mmdet / mmseg / Lightning / torch is mocked. Tiny shrunk models and images on CPU, a few steps each.
+"""
+
+import importlib.util
+import os
+import os.path as osp
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import lightning as L
+import pytest
+import torch
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+SEG_CFG = osp.join(REPO, 'configs/demo/upernet_hat-net-t_tiny-ade20k.py')
+sys.path.insert(0, REPO)
+TIMEOUT = 240
+
+
+def _load_tool(name):
+    spec = importlib.util.spec_from_file_location(f'_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_tool, tiny_data = _load_tool('train'), _load_tool('make_tiny_data')
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def env():
+    return {**os.environ, 'OMP_NUM_THREADS': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(free_port())}
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp('data')
+    tiny_data.make_ade20k(out, num_train=8, num_val=2, seed=0)
+    return str(out)
+
+
+def seg_opts(root, *extra):
+    opts = []
+    for split in ('train', 'val', 'test'):
+        opts += [f'{split}_dataloader.dataset.data_root={root}/tiny_ade20k/', f'{split}_dataloader.num_workers=0']
+    # 64 px crops of 128 px images, batch 2: a step takes a fraction of a second on one core
+    return opts + ['train_dataloader.batch_size=2', 'crop_size=(64,64)', 'model.data_preprocessor.size=(64,64)',
+                   'train_dataloader.dataset.pipeline.2.scale=(128,64)',
+                   'train_dataloader.dataset.pipeline.3.crop_size=(64,64)',
+                   'trainer.enable_progress_bar=False', 'trainer.enable_model_summary=False',
+                   'trainer.log_every_n_steps=1', 'trainer.limit_val_batches=0', 'checkpoint_callback.monitor=None',
+                   *extra]
+
+
+def _ckpt(path):
+    return torch.load(path, map_location='cpu', weights_only=True)
+
+
+# --- SIGKILL mid-epoch, then --resume -----------------------------------------------------------------------
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(data_dir, tmp_path):
+    # 4 batches per epoch, 9 steps (2 epochs + 1 batch), last.ckpt every 3 steps: the kill lands mid-epoch.
+    opts = seg_opts(data_dir, 'trainer.max_steps=9', 'trainer.val_check_interval=9', 'trainer.deterministic=True',
+                    'checkpoint_every_n_steps=3')
+    cmd = [sys.executable, 'tools/train.py', SEG_CFG, '--cfg-options', *opts]
+    ref, run = tmp_path / 'ref', tmp_path / 'run'
+    proc = subprocess.run([*cmd, '--work-dir', str(ref)], cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    # same run, SIGKILLed as soon as the first periodic checkpoint (step 3 of 9) is on disk
+    p = subprocess.Popen([*cmd, '--work-dir', str(run)], cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (run / 'last.ckpt').exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(p.pid, signal.SIGKILL)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == -signal.SIGKILL
+    killed_at = _ckpt(run / 'last.ckpt')['global_step']
+    assert 0 < killed_at < 9 and killed_at % 4 != 0, killed_at  # mid-epoch
+    print(f'killed after the checkpoint of step {killed_at} of 9')
+
+    proc = subprocess.run([*cmd, '--work-dir', str(run), '--resume'], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    a, b = _ckpt(ref / 'last.ckpt'), _ckpt(run / 'last.ckpt')
+    assert a['global_step'] == b['global_step'] == 9
+    assert a['state_dict'].keys() == b['state_dict'].keys()
+    for k in a['state_dict']:
+        assert torch.equal(a['state_dict'][k], b['state_dict'][k]), k
+    for sa, sb in zip(a['optimizer_states'][0]['state'].values(), b['optimizer_states'][0]['state'].values()):
+        assert all(torch.equal(sa[n], sb[n]) for n in sa)
+    assert a['lr_schedulers'] == b['lr_schedulers']
+    assert [p for p in os.listdir(run) if p.endswith('.tmp')] == []
+
+
+# --- non-finite loss ----------------------------------------------------------------------------------------
+class NaNAtBatch(L.Callback):
+    """Makes the main segmentation head's logits NaN on the n-th training batch (0-based): a real NaN loss
+    in ``decode.loss_ce`` while the auxiliary head's loss stays finite."""
+
+    def __init__(self, n):
+        self.n, self.batches, self.handle, self.injected_at = n, -1, None, None
+
+    def on_train_start(self, trainer, module):
+        def hook(mod, args, out):
+            if mod.training and self.batches == self.n:
+                self.injected_at = time.monotonic()
+                return out * float('nan')
+        self.handle = module.model.decode_head.conv_seg.register_forward_hook(hook)
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.batches += 1
+
+    def teardown(self, trainer, module, stage):
+        if self.handle is not None:
+            self.handle.remove()
+
+
+def test_nan_loss_stops_naming_step_and_term_and_keeps_last_checkpoint(data_dir, tmp_path):
+    nan = NaNAtBatch(3)
+    with pytest.raises(FloatingPointError, match=r"(?s)non-finite loss at step 3 .*decode\.loss_ce=nan.*"
+                                                 r"nonfinite_loss='skip'") as info:
+        train_tool.main([SEG_CFG, '--work-dir', str(tmp_path), '--cfg-options',
+                         *seg_opts(data_dir, 'trainer.max_steps=6', 'checkpoint_every_n_steps=1')], callbacks=[nan])
+    stopped_in = time.monotonic() - nan.injected_at
+    assert 'aux.loss_ce=nan' not in str(info.value)
+    ckpt = _ckpt(tmp_path / 'last.ckpt')
+    assert ckpt['global_step'] == 3  # the last good state, not overwritten by the failed step
+    assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values() if v.is_floating_point())
+    assert stopped_in < 5
+    print(f'NaN at step 3: stopped in {stopped_in:.2f} s; last.ckpt from step {ckpt["global_step"]}')
+
+
+def test_nan_loss_skip_mode_skips_and_counts(data_dir, tmp_path):
+    train_tool.main([SEG_CFG, '--work-dir', str(tmp_path), '--cfg-options',
+                     *seg_opts(data_dir, 'trainer.max_steps=4', 'nonfinite_loss=skip', 'checkpoint_every_n_steps=4')],
+                    callbacks=[NaNAtBatch(1)])
+    ckpt = _ckpt(tmp_path / 'last.ckpt')
+    assert ckpt['skipped_nonfinite'] == 1 and ckpt['global_step'] == 4
+    assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values() if v.is_floating_point())
+    import csv
+    with open(next((tmp_path / 'logs').rglob('metrics.csv'))) as f:
+        rows = list(csv.DictReader(f))
+    assert max(float(r['train/skipped_nonfinite']) for r in rows if r.get('train/skipped_nonfinite')) == 1
+
+
+# --- a failing DDP rank -------------------------------------------------------------------------------------
+DDP_DRIVER = '''
+import importlib.util, os, sys, time
+import lightning as L
+spec = importlib.util.spec_from_file_location('train_tool', os.path.join({repo!r}, 'tools', 'train.py'))
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+
+class Boom(L.Callback):
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_rank == 1 and trainer.global_step == 2:
+            with open({marker!r}, 'w') as f:
+                f.write(repr(time.time()))
+            raise RuntimeError('injected failure')
+
+train.cli(sys.argv[1:], callbacks=[Boom()])
+'''
+
+
+def test_exception_on_one_ddp_rank_ends_all_ranks_and_names_it(data_dir, tmp_path):
+    marker = tmp_path / 'raised_at'
+    driver = tmp_path / 'driver.py'
+    driver.write_text(DDP_DRIVER.format(repo=REPO, marker=str(marker)))
+    opts = seg_opts(data_dir, 'trainer.max_steps=20', 'trainer.devices=2', 'trainer.accelerator=cpu',
+                    'trainer.strategy.type=ddp', 'trainer.strategy.timeout=60')
+    start = time.time()
+    proc = subprocess.run([sys.executable, str(driver), SEG_CFG, '--work-dir', str(tmp_path / 'w'),
+                           '--cfg-options', *opts], cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    end = time.time()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert 'rank 1 failed: RuntimeError: injected failure' in out, out[-4000:]
+    after = end - float(marker.read_text())
+    assert after < 60, after
+    print(f'rank 1 raised at step 2: all ranks gone {after:.1f} s later (total {end - start:.0f} s), '
+          f'exit status {proc.returncode}')
