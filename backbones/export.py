@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import io
 import json
 import math
 import os
 import pprint
 import re
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
+from .atomic import atomic_write  # noqa: F401  (re-exported: export's public helpers)
 from .pretrained import SAFETENSORS_META_KEY, CheckpointError, detect_family, read_checkpoint
 
 FORMATS = ("pth", "safetensors", "official")
@@ -119,36 +118,6 @@ def _plain(obj):
 
 
 # --- atomic, reproducible writes -------------------------------------------------------------------------
-def atomic_write(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None]) -> None:
-    """Call ``write(fileobj)`` on a temp file next to ``path``, fsync it, then ``os.replace`` it onto ``path``:
-    a killed export leaves the previous file (or none), never a truncated one."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. platforms without directory fds
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(dfd)
-
-
 def save_torch(obj: dict, path: str | os.PathLike) -> None:
     # Through a file object: torch.save then names the archive 'archive', not after the (random) temp file.
     atomic_write(path, lambda f: torch.save(obj, f))

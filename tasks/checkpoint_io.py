@@ -14,12 +14,9 @@ allow-list, so a crafted checkpoint cannot run code when ``--resume`` / ``tools/
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
-import socket
-import tempfile
 from typing import Any
 
 import torch
@@ -28,56 +25,14 @@ from lightning.fabric.plugins.io.checkpoint_io import _PATH
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-_HOST = socket.gethostname().replace('.', '_')
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def _remove_stale_temps(directory: str, name: str) -> None:
-    """Temp files ``.NAME.HOST.PID.*.tmp`` left by killed writers on this host."""
-    for tmp in glob.glob(os.path.join(glob.escape(directory), f'.{glob.escape(name)}.{_HOST}.*.tmp')):
-        pid = os.path.basename(tmp)[len(name) + len(_HOST) + 3:].split('.', 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            try:
-                os.remove(tmp)
-            except FileNotFoundError:  # another writer cleaned it up
-                pass
-
-
-def atomic_write_bytes(path: str | os.PathLike, write) -> None:
-    """Call ``write(fileobj)`` on a temp file next to ``path``, fsync it, then rename it onto ``path``."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    name = os.path.basename(path)
-    _remove_stale_temps(directory, name)
-    fd, tmp = tempfile.mkstemp(prefix=f'.{name}.{_HOST}.{os.getpid()}.', suffix='.tmp', dir=directory)
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a checkpoint should be as readable as a normal file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+from backbones.atomic import atomic_write
 
 
 def write_json(path: str | os.PathLike, obj: dict) -> None:
     """Atomic JSON write; non-finite floats become null (JSON has no NaN)."""
     clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in obj.items()}
     text = json.dumps(clean, indent=2, sort_keys=True) + '\n'
-    atomic_write_bytes(path, lambda f: f.write(text.encode()))
+    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def load_checkpoint_safely(path: str | os.PathLike, map_location=None) -> dict:
@@ -114,4 +69,4 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any = None) -> None:
         if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
             return super().save_checkpoint(checkpoint, path, storage_options)  # remote stores: fsspec's way
-        atomic_write_bytes(path, lambda f: torch.save(checkpoint, f))
+        atomic_write(path, lambda f: torch.save(checkpoint, f))
