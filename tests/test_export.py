@@ -4,7 +4,6 @@ end on CPU: train two steps on the tiny data, export in every format, load the e
 ``init_model``, and check the errors that name the problem."""
 
 import argparse
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -14,26 +13,20 @@ import pytest
 import torch
 import torch.nn as nn
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
+
 sys.path.insert(0, REPO)
 
 from backbones import CheckpointError, HATNet, STViT, load_pretrained  # noqa: E402
 from backbones.export import ExportError, export_backbone, read_export, tensor_sha256, verify_export  # noqa: E402
 
-DET_CFG = osp.join(REPO, 'configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py')
-SEG_CFG = osp.join(REPO, 'configs/demo/upernet_hat-net-t_tiny-ade20k.py')
 EYE = torch.eye(9).reshape(9, 1, 3, 3)
 
 
-def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-train_tool, tiny_data = _load_tool('train'), _load_tool('make_tiny_data')
-export_backbone_tool, export_model_tool = _load_tool('export_backbone'), _load_tool('export_model')
+train_tool, tiny_data = load_tool('train'), load_tool('make_tiny_data')
+export_backbone_tool, export_model_tool = load_tool('export_backbone'), load_tool('export_model')
 
 
 def _opts(root, dataset, batch_size):

@@ -4,9 +4,7 @@ Every fault is real (a killed process, a NaN produced by the model, an exception
 mmdet / mmseg / Lightning / torch is mocked. Tiny shrunk models and images on CPU, a few steps each.
 """
 
-import importlib.util
 import os
-import os.path as osp
 import signal
 import socket
 import subprocess
@@ -17,20 +15,15 @@ import lightning as L
 import pytest
 import torch
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SEG_CFG = osp.join(REPO, 'configs/demo/upernet_hat-net-t_tiny-ade20k.py')
+from tests._tools import REPO, SEG_CFG, load_tool
+
 sys.path.insert(0, REPO)
 TIMEOUT = 240
 
 
-def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-train_tool, tiny_data = _load_tool('train'), _load_tool('make_tiny_data')
+train_tool, tiny_data = load_tool('train'), load_tool('make_tiny_data')
 
 
 def free_port():

@@ -4,11 +4,9 @@ The faults are real (SIGKILL of a writing process, broken files on disk, a pickl
 loaded); nothing of mmdet / mmseg / mmcv / Lightning / torch is mocked.
 """
 
-import importlib.util
 import json
 import logging
 import os
-import os.path as osp
 import signal
 import subprocess
 import sys
@@ -19,20 +17,14 @@ import pytest
 import torch
 from PIL import Image
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DET_CFG = osp.join(REPO, 'configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py')
-SEG_CFG = osp.join(REPO, 'configs/demo/upernet_hat-net-t_tiny-ade20k.py')
+from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
+
 sys.path.insert(0, REPO)
 
 
-def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-train_tool, test_tool, tiny_data = _load_tool('train'), _load_tool('test'), _load_tool('make_tiny_data')
+train_tool, test_tool, tiny_data = load_tool('train'), load_tool('test'), load_tool('make_tiny_data')
 
 
 # --- writers killed mid-write -------------------------------------------------------------------------------

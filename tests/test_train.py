@@ -1,7 +1,6 @@
 """tools/train.py and tools/test.py end to end on CPU, on tiny synthetic data and the demo configs
 (shrunk STViT / HAT-Net, a couple of optimizer steps)."""
 
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -10,21 +9,14 @@ import sys
 import pytest
 import torch
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DET_CFG = osp.join(REPO, 'configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py')
-SEG_CFG = osp.join(REPO, 'configs/demo/upernet_hat-net-t_tiny-ade20k.py')
+from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
+
 sys.path.insert(0, REPO)
 
 
-def _load_tool(name):
-    # tools/ is not a package (and tools/test.py would shadow the stdlib ``test``): load by path
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-train_tool, test_tool, tiny_data = _load_tool('train'), _load_tool('test'), _load_tool('make_tiny_data')
+train_tool, test_tool, tiny_data = load_tool('train'), load_tool('test'), load_tool('make_tiny_data')
 
 
 def data_opts(root, dataset):

@@ -1,0 +1,15 @@
+"""Paths and tool loading shared by the tests that run the command-line tools."""
+import importlib.util
+import os.path as osp
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET_CFG = osp.join(REPO, 'configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py')
+SEG_CFG = osp.join(REPO, 'configs/demo/upernet_hat-net-t_tiny-ade20k.py')
+
+
+def load_tool(name):
+    # tools/ is not a package (and tools/test.py would shadow the stdlib ``test``): load by path
+    spec = importlib.util.spec_from_file_location(f'_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
