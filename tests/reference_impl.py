@@ -67,6 +67,19 @@ def _stvit_stoken_forward(self, x):
     return pixel[:, :, :H0, :W0]
 
 
+def _stvit_mlp(self, x):  # 1x1 convolutions as nn.Conv2d on NCHW maps, no recomputation
+    return self.fc2(self.conv(self.act1(self.fc1(x))))
+
+
+def _layer_norm_2d(self, x):  # permute -> LayerNorm -> permute with the official copies
+    return F.layer_norm(x.permute(0, 2, 3, 1).contiguous(), self.normalized_shape, self.weight, self.bias,
+                        self.eps).permute(0, 3, 1, 2).contiguous()
+
+
+def _nchw_stem(self, x):  # the official NCHW layout instead of our channels_last
+    return torch.nn.Sequential.forward(self, x.contiguous())
+
+
 # ---- HAT-Net --------------------------------------------------------------------------------------------
 def _hatnet_attention(self, x):
     B, C, H, W = x.shape
@@ -87,10 +100,17 @@ def _hatnet_attention(self, x):
 
 
 def as_reference(model):
-    """A deep copy of an STViT / HATNet whose attention runs the literal formulation above."""
+    """A deep copy of an STViT / HATNet that computes the way the official code does: the literal attention
+    above, and, for STViT, NCHW maps, 1x1 convolutions as nn.Conv2d and permute-copy LayerNorms."""
     ref = copy.deepcopy(model)
     for m in ref.modules():
-        if isinstance(m, stvit.Attention):
+        if isinstance(m, stvit.Mlp):
+            m.forward = types.MethodType(_stvit_mlp, m)
+        elif isinstance(m, stvit.LayerNorm2d):
+            m.forward = types.MethodType(_layer_norm_2d, m)
+        elif isinstance(m, stvit.PatchEmbed):
+            m.proj.forward = types.MethodType(_nchw_stem, m.proj)
+        elif isinstance(m, stvit.Attention):
             m.forward = types.MethodType(_stvit_attention, m)
         elif isinstance(m, stvit.StokenAttention):
             m.stoken_forward = types.MethodType(_stvit_stoken_forward, m)

@@ -35,47 +35,15 @@ FAMILIES = {"stvit": STViT, "hatnet": HATNet}
 BASELINES = ("reference", "swin-t", "resnet50")
 
 
-def official_equivalent(model: torch.nn.Module) -> torch.nn.Module:
-    """The baseline of ``--compare``: ``tests.reference_impl.as_reference`` (the official attention math,
-    explicit N x N matrices, identity-kernel unfold/fold) plus the official forwards of the modules that
-    our STViT runs differently (NCHW maps, 1x1 convs as nn.Conv2d, permute-copy LayerNorm), so that it
-    computes the way the official code does, on the same weights."""
-    import types
-
-    import torch.nn.functional as F
-
-    from backbones import stvit
-    from tests.reference_impl import as_reference
-    ref = as_reference(model)
-
-    def mlp(self, x):
-        return self.fc2(self.conv(self.act1(self.fc1(x))))
-
-    def layer_norm(self, x):
-        return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias,
-                            self.eps).permute(0, 3, 1, 2).contiguous()
-
-    def nchw_input(self, x):  # undo our channels_last conversion at the stem
-        return torch.nn.Sequential.forward(self, x.contiguous())
-
-    for m in ref.modules():
-        if isinstance(m, stvit.Mlp):
-            m.forward = types.MethodType(mlp, m)
-        elif isinstance(m, stvit.LayerNorm2d):
-            m.forward = types.MethodType(layer_norm, m)
-        elif isinstance(m, stvit.PatchEmbed):
-            m.proj.forward = types.MethodType(nchw_input, m.proj)
-    return ref
-
-
 def build(name: str, family: str, arch: str, stoken_size=None, with_cp=False) -> torch.nn.Module:
-    """ours | reference (official-equivalent, same weights: same seed) | swin-t | resnet50 (mmdet)."""
+    """ours | reference (tests/reference_impl.py, same weights: same seed) | swin-t | resnet50 (mmdet)."""
     torch.manual_seed(0)
     if name in ("ours", "reference"):
         kwargs = dict(stoken_size=stoken_size) if stoken_size and family == "stvit" else {}
         model = FAMILIES[family](arch, with_cp=with_cp, **kwargs)
         if name == "reference":
-            model = official_equivalent(model)
+            from tests.reference_impl import as_reference
+            model = as_reference(model)
         return model
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
