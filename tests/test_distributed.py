@@ -1,6 +1,5 @@
 """Multi-process runs on CPU (gloo): DDP on one machine, and two "nodes" launched by torchrun on localhost."""
 
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -10,9 +9,8 @@ import sys
 
 import pytest
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DET_CFG = osp.join(REPO, 'configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py')
-SEG_CFG = osp.join(REPO, 'configs/demo/upernet_hat-net-t_tiny-ade20k.py')
+from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
+
 TIMEOUT = 240
 
 # Runs tools/train.py's main with a callback that hashes each rank's parameters and buffers once
@@ -65,9 +63,7 @@ def data_opts(root, dataset):
 
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location('make_tiny_data', osp.join(REPO, 'tools', 'make_tiny_data.py'))
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
+    tiny = load_tool('make_tiny_data')
     out = tmp_path_factory.mktemp('data')
     # 5 val images over 2 ranks: 3 + 2 batches, so uneven validation must neither hang nor double count
     tiny.make_coco(out, num_train=4, num_val=3, seed=0)
