@@ -21,10 +21,13 @@ from ._common import (
     NUM_STAGES,
     DropPath,
     StagedBackbone,
+    channels_last,
     check_arch_lengths,
     check_input,
     check_out_indices,
     drop_path_rates,
+    nchw,
+    nhwc,
     resolve_arch,
 )
 
@@ -84,13 +87,15 @@ class Attention(nn.Module):
             self.kv = nn.Conv2d(dim, dim * 2, 1)
 
     def _window_attention(self, qkv: torch.Tensor) -> torch.Tensor:
+        # qkv is channels_last: its NHWC view is contiguous, channel = (q|k|v, head, head_dim) as official.
         B, _, H, W = qkv.shape
         g, nh, hd = self.grid_size, self.num_heads, self.head_dim
         pad_b, pad_r = (-H) % g, (-W) % g
+        qkv = nhwc(qkv)
         if pad_b or pad_r:
-            qkv = F.pad(qkv, (0, pad_r, 0, pad_b))
+            qkv = F.pad(qkv, (0, 0, 0, pad_r, 0, pad_b))
         gh, gw = (H + pad_b) // g, (W + pad_r) // g
-        qkv = qkv.reshape(B, 3, nh, hd, gh, g, gw, g).permute(1, 0, 2, 4, 6, 5, 7, 3)
+        qkv = qkv.reshape(B, gh, g, gw, g, 3, nh, hd).permute(5, 0, 6, 1, 3, 2, 4, 7)
         q, k, v = qkv.reshape(3, B * nh, gh * gw, g * g, hd).unbind(0)
         mask = None
         if pad_b or pad_r:  # keys in the padding must not receive attention
@@ -98,24 +103,24 @@ class Attention(nn.Module):
             valid[:H, :W] = True
             mask = valid.reshape(gh, g, gw, g).permute(0, 2, 1, 3).reshape(1, gh * gw, 1, g * g)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-        out = out.reshape(B, nh, gh, gw, g, g, hd).permute(0, 1, 6, 2, 4, 3, 5)
-        return out.reshape(B, nh * hd, gh * g, gw * g)[:, :, :H, :W]
+        out = out.reshape(B, nh, gh, gw, g, g, hd).permute(0, 2, 4, 3, 5, 1, 6)
+        return nchw(out.reshape(B, gh * g, gw * g, nh * hd)[:, :H, :W])
 
     def forward(self, x):
+        # Channels_last throughout (see _common): the 1x1 convs are oneDNN NHWC convolutions, and every
+        # q/k/v below is a (B, heads, N, head_dim) view with contiguous head_dim, as SDPA's flash kernel wants.
         B, C, H, W = x.shape
         nh, hd = self.num_heads, self.head_dim
         qkv = self.qkv(self.norm(x))
         if self.grid_size > 1:
             grid_x = self.grid_norm(x + self._window_attention(qkv))
-            q = self.q(grid_x).reshape(B, nh, hd, H * W).transpose(-2, -1)
+            q = nhwc(self.q(grid_x)).reshape(B, H * W, nh, hd).transpose(1, 2)
             # ceil_mode: a partial border cell is averaged over its valid pixels (no effect when divisible)
             pooled = F.avg_pool2d(grid_x, self.ds_ratio, self.ds_ratio, ceil_mode=True)
-            kv = self.kv(self.ds_norm(pooled)).reshape(B, 2, nh, hd, -1).transpose(-2, -1)
-            k, v = kv.unbind(1)
+            k, v = nhwc(self.kv(self.ds_norm(pooled))).reshape(B, -1, 2, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
         else:
-            q, k, v = qkv.reshape(B, 3, nh, hd, H * W).transpose(-2, -1).unbind(1)
-        out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-        out = out.transpose(-2, -1).reshape(B, C, H, W)
+            q, k, v = nhwc(qkv).reshape(B, H * W, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        out = nchw(F.scaled_dot_product_attention(q, k, v, scale=self.scale).transpose(1, 2).reshape(B, H, W, C))
         if self.grid_size > 1:
             out = out + grid_x
         return self.proj(out)
@@ -211,12 +216,13 @@ class HATNet(StagedBackbone):
 
     def forward(self, x):
         check_input(x, "HATNet")
-        x = self.patch_embed(x)
+        x = self.patch_embed(channels_last(x))  # see _common: channels_last runs faster on CPU
         outs = []
         for i, ds in enumerate(self._downsamples()):
             if ds is not None:
                 x = ds(x)
             x = self._run_blocks(self.blocks[i], x)
             if i in self.out_indices:
-                outs.append(self.out_norms[i](x) if self.norm_out else x)
+                # contiguous NCHW outputs: mmcv's RoIAlign misreads channels_last maps (see STViT)
+                outs.append((self.out_norms[i](x) if self.norm_out else x).contiguous())
         return tuple(outs)

@@ -21,7 +21,6 @@ from ._common import (
     check_input,
     check_out_indices,
     drop_path_rates,
-    linear1x1,
     nchw,
     nhwc,
     resolve_arch,
@@ -76,9 +75,9 @@ class ResDWC(nn.Module):
 
 
 def _gelu_resdwc(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """r = g + dwconv3x3(g), g = GELU(h), on NHWC tensors (the conv runs on the channels_last view)."""
-    g = nchw(F.gelu(h))
-    return nhwc(g + F.conv2d(g, weight, bias, 1, 1, 1, g.shape[1]))
+    """r = g + dwconv3x3(g), g = GELU(h), on a channels_last map."""
+    g = F.gelu(h)
+    return g + F.conv2d(g, weight, bias, 1, 1, 1, g.shape[1])
 
 
 class _MlpTail(torch.autograd.Function):
@@ -94,7 +93,7 @@ class _MlpTail(torch.autograd.Function):
         r = _gelu_resdwc(h, dw_weight, dw_bias)
         ctx.save_for_backward(h, dw_weight, dw_bias, weight)
         ctx.has_bias = bias is not None
-        return F.linear(r, weight, bias)
+        return F.conv2d(r, weight, bias)
 
     @staticmethod
     def backward(ctx, dy):
@@ -103,11 +102,13 @@ class _MlpTail(torch.autograd.Function):
         leaves = [t.detach().requires_grad_(n) for t, n in ((h, need_h), (dw_weight, need_dww), (dw_bias, need_dwb))]
         with torch.enable_grad():
             r = _gelu_resdwc(*leaves)
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        grad_w = dy2.t().mm(r.detach().reshape(-1, r.shape[-1])) if need_w else None
-        grad_b = dy2.sum(0) if need_b and ctx.has_bias else None
         wanted = [t for t in leaves if t.requires_grad]
-        grads = iter(torch.autograd.grad(r, wanted, dy.matmul(weight)) if wanted else ())
+        # fc2's backward as the convolution's own backward kernel (the same one autograd would call)
+        grad_r, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            dy.contiguous(memory_format=torch.channels_last), r.detach(), weight,
+            [weight.shape[0]] if ctx.has_bias else None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+            [bool(wanted), need_w, need_b and ctx.has_bias])
+        grads = iter(torch.autograd.grad(r, wanted, grad_r) if wanted else ())
         return (*(next(grads) if t.requires_grad else None for t in leaves), grad_w, grad_b)
 
 
@@ -125,14 +126,12 @@ class Mlp(nn.Module):
         self.fc2 = nn.Conv2d(hidden, dim, 1)
 
     def forward(self, x):
-        # 1x1 convs as GEMMs on the NHWC view; the depthwise conv runs on the channels_last map.
-        h = linear1x1(nhwc(x), self.fc1)
+        h = self.fc1(x)
         if h.numel() >= self.recompute_numel and torch.is_grad_enabled() and not torch.is_autocast_enabled() \
                 and self.act1.approximate == "none":
             dw = self.conv.conv
-            return nchw(_MlpTail.apply(h, dw.weight, dw.bias, self.fc2.weight.flatten(1), self.fc2.bias))
-        x = self.conv(nchw(self.act1(h)))
-        return nchw(linear1x1(nhwc(x), self.fc2))
+            return _MlpTail.apply(h, dw.weight, dw.bias, self.fc2.weight, self.fc2.bias)
+        return self.fc2(self.conv(self.act1(h)))
 
 
 class Attention(nn.Module):
@@ -154,13 +153,13 @@ class Attention(nn.Module):
     def forward(self, x):
         B, C, H, W = x.shape
         nh = self.num_heads
-        qkv = linear1x1(nhwc(x), self.qkv).reshape(B, H * W, nh, 3, C // nh)
+        qkv = nhwc(self.qkv(x)).reshape(B, H * W, nh, 3, C // nh)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # (B, heads, N, head_dim) each, strided views
         # SDPA's CPU flash kernel: measured faster than the materialised softmax (plain bmm) and than a
         # query-chunked bmm autograd.Function with recomputation, at N=1176 and N=4200 (fwd+bwd), and its
         # memory is O(N) instead of O(N^2).
         out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-        return nchw(linear1x1(out.transpose(1, 2).reshape(B, H, W, C), self.proj))
+        return self.proj(nchw(out.transpose(1, 2).reshape(B, H, W, C)))
 
 
 def _unfold3x3(x: torch.Tensor) -> torch.Tensor:

@@ -226,8 +226,11 @@ def test_fast_modules_equal_literal_reference(cls, arch, size):
     outs, ref_outs = model(x), ref(x)
     for i, (a, b) in enumerate(zip(outs, ref_outs)):
         assert_close(a, b, f"stage {i}")
-    sum(o.sum() for o in outs).backward()
-    sum(o.sum() for o in ref_outs).backward()
+    # A random weighting of the outputs: with a plain sum, the gradient through HAT-Net's last GroupNorm
+    # (unit weights) is analytically zero, and comparing rounding noise relative to its own scale is meaningless.
+    weights = [torch.randn_like(o) for o in outs]
+    sum((o * w).sum() for o, w in zip(outs, weights)).backward()
+    sum((o * w).sum() for o, w in zip(ref_outs, weights)).backward()
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         if p.grad is not None:
             assert_close(p.grad, q.grad, n)

@@ -33,7 +33,7 @@ def test_mlp_tail_equals_plain(frozen, monkeypatch):
 
 
 def test_mlp_tail_gradcheck():
-    args = [torch.randn(1, 4, 5, 6), torch.randn(6, 1, 3, 3), torch.randn(6), torch.randn(3, 6), torch.randn(3)]
+    args = [torch.randn(1, 6, 4, 5), torch.randn(6, 1, 3, 3), torch.randn(6), torch.randn(3, 6, 1, 1), torch.randn(3)]
     assert torch.autograd.gradcheck(_MlpTail.apply, [a.double().requires_grad_() for a in args])
 
 
