@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ._attention import attention
 from ._common import (
     NUM_STAGES,
     DropPath,
@@ -120,7 +121,7 @@ class Attention(nn.Module):
             k, v = nhwc(self.kv(self.ds_norm(pooled))).reshape(B, -1, 2, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
         else:
             q, k, v = nhwc(qkv).reshape(B, H * W, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
-        out = nchw(F.scaled_dot_product_attention(q, k, v, scale=self.scale).transpose(1, 2).reshape(B, H, W, C))
+        out = nchw(attention(q, k, v, self.scale).transpose(1, 2).reshape(B, H, W, C))
         if self.grid_size > 1:
             out = out + grid_x
         return self.proj(out)

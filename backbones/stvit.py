@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ._attention import attention
 from ._common import (
     NUM_STAGES,
     DropPath,
@@ -155,10 +156,7 @@ class Attention(nn.Module):
         nh = self.num_heads
         qkv = nhwc(self.qkv(x)).reshape(B, H * W, nh, 3, C // nh)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # (B, heads, N, head_dim) each, strided views
-        # SDPA's CPU flash kernel: measured faster than the materialised softmax (plain bmm) and than a
-        # query-chunked bmm autograd.Function with recomputation, at N=1176 and N=4200 (fwd+bwd), and its
-        # memory is O(N) instead of O(N^2).
-        out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        out = attention(q, k, v, self.scale)  # SDPA or, on CPU where faster, oneDNN GEMMs (_attention)
         return self.proj(nchw(out.transpose(1, 2).reshape(B, H, W, C)))
 
 

@@ -81,3 +81,35 @@ def test_channels_last_is_an_internal_detail():
     for o1, o2 in zip(a, b):
         torch.testing.assert_close(o1, o2, rtol=0, atol=0)
         assert F.relu(o1).shape == o1.shape
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 300, 300, 16), (1, 2, 1000, 260, 32)])
+def test_onednn_attention_equals_sdpa(shape):
+    """The CPU oneDNN attention kernel: same outputs and q/k/v gradients as SDPA, on strided views."""
+    from backbones import _attention
+    B, nh, n_q, n_k, d = shape
+    torch.manual_seed(0)
+    qkv = torch.randn(B, n_q, 3, nh, d).permute(2, 0, 3, 1, 4)  # strided (B, heads, N, d) views, as in the models
+    q = qkv[0].clone().requires_grad_()
+    k = torch.randn(B, nh, n_k, d).mul(2).requires_grad_()
+    v = torch.randn(B, n_k, nh, d).transpose(1, 2).requires_grad_()
+    q_view = q * 1  # non-leaf, so the kernel sees the graph as in a model
+    assert _attention._use_onednn(q_view, k)
+    scale = d ** -0.5
+    out = _attention.attention(q_view, k, v, scale)
+    ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    assert_close(out, ref, "out")
+    g = torch.randn_like(out)
+    for a, b, n in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g), "qkv"):
+        assert_close(a, b, f"grad {n}")
+
+
+def test_attention_dispatch():
+    from backbones._attention import _use_onednn
+    cpu = torch.zeros(1, 5, 1176, 64)
+    assert _use_onednn(cpu, cpu)
+    assert not _use_onednn(cpu[:, :, :100], cpu[:, :, :100])  # few keys: SDPA
+    assert not _use_onednn(cpu.bfloat16(), cpu.bfloat16())  # reduced precision: SDPA
+    big = torch.zeros(1, 5, 4200, 64)
+    assert not _use_onednn(big, big)  # 350 MiB of probabilities: SDPA's flash kernel
+    assert not _use_onednn(torch.zeros(120, 1, 300, 8), torch.zeros(120, 1, 300, 8))  # many small calls
