@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 MIN_KEYS = 256  # measured faster from 294 keys on; many tiny windows stay with SDPA (one GEMM call each)
 MAX_CALLS = 64  # batch x heads: one pair of GEMM calls each
-MAX_PROBS_BYTES = 64 * 2 ** 20
+MAX_PROBS_BYTES = 64 * 2 ** 20  # above: query chunks of about CHUNK_BYTES of probabilities
+CHUNK_BYTES = 4 * 2 ** 20  # measured best of 1-32 MiB at N=4200 (cache-sized chunks, no fresh mmaps)
 
 _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 
@@ -27,6 +28,8 @@ def _mm_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _OneDnnAttention(torch.autograd.Function):
+    """Keeps the probabilities for backward (no recomputation); fused row-wise softmax and its backward."""
+
     @staticmethod
     def forward(ctx, q, k, v, scale):
         lead = q.shape[:-2]
@@ -34,38 +37,85 @@ class _OneDnnAttention(torch.autograd.Function):
         probs = q3.new_empty(q3.shape[0], q3.shape[1], k3.shape[1])
         out = q3.new_empty(q3.shape[0], q3.shape[1], v3.shape[2])
         for i in range(q3.shape[0]):  # per (batch, head): oneDNN has no batched GEMM entry point here
-            torch.softmax(_mm_nt(q3[i], k3[i]).mul_(scale), -1, out=probs[i])
+            torch.softmax(_mm_nt(q3[i] * scale, k3[i]), -1, out=probs[i])
             out[i] = _mm_nt(probs[i], v3[i].t())
-        ctx.save_for_backward(q3, k3, v3, probs, out)
+        ctx.save_for_backward(q3, k3, v3, probs)
         ctx.scale, ctx.shapes = scale, (q.shape, k.shape, v.shape)
         return out.reshape(*lead, *out.shape[-2:])
 
     @staticmethod
     def backward(ctx, grad_out):
-        q3, k3, v3, probs, out = ctx.saved_tensors
-        grad_out = grad_out.reshape(out.shape)
+        q3, k3, v3, probs = ctx.saved_tensors
+        grad_out = grad_out.reshape(*probs.shape[:2], -1)
         dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
         for i in range(q3.shape[0]):
             do = grad_out[i].contiguous()
             torch.mm(probs[i].t(), do, out=dv[i])
-            ds = _mm_nt(do, v3[i])  # dP
-            ds.sub_((do * out[i]).sum(-1, keepdim=True)).mul_(probs[i]).mul_(ctx.scale)  # softmax backward
-            dq[i] = _mm_nt(ds, k3[i].t())
-            torch.mm(ds.t(), q3[i], out=dk[i])
+            ds = torch._softmax_backward_data(_mm_nt(do, v3[i]), probs[i], -1, torch.float32)
+            dq[i] = _mm_nt(ds, k3[i].t()).mul_(ctx.scale)
+            torch.mm(ds.t(), q3[i], out=dk[i]).mul_(ctx.scale)
         qs, ks, vs = ctx.shapes
         return dq.reshape(qs), dk.reshape(ks), dv.reshape(vs), None
 
 
-def _use_onednn(q: torch.Tensor, k: torch.Tensor) -> bool:
+class _OneDnnChunkedAttention(torch.autograd.Function):
+    """The same GEMMs over query chunks, keeping no probabilities (as flash attention does): backward
+    recomputes each chunk's softmax. For attention too large to keep (N^2 memory)."""
+
+    @staticmethod
+    def _chunks(n_q: int, n_k: int):
+        size = max(64, (CHUNK_BYTES // (4 * n_k)) // 64 * 64)
+        return [(s, min(s + size, n_q)) for s in range(0, n_q, size)]
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        lead = q.shape[:-2]
+        q3, k3, v3 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+        n_q, n_k = q3.shape[1], k3.shape[1]
+        out = q3.new_empty(q3.shape[0], n_q, v3.shape[2])
+        for i in range(q3.shape[0]):
+            qi, ki, vti = q3[i] * scale, k3[i].contiguous(), v3[i].t().contiguous()
+            for a, b in _OneDnnChunkedAttention._chunks(n_q, n_k):
+                out[i, a:b] = _mm_nt(torch.softmax(_mm_nt(qi[a:b], ki), -1), vti)
+        ctx.save_for_backward(q3, k3, v3)
+        ctx.scale, ctx.shapes = scale, (q.shape, k.shape, v.shape)
+        return out.reshape(*lead, *out.shape[-2:])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q3, k3, v3 = ctx.saved_tensors
+        grad_out = grad_out.reshape(*q3.shape[:2], -1)
+        n_q, n_k = q3.shape[1], k3.shape[1]
+        dq, dk, dv = torch.empty_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
+        for i in range(q3.shape[0]):
+            qs_i = q3[i] * ctx.scale
+            ki, vi, kti = k3[i].contiguous(), v3[i].contiguous(), k3[i].t().contiguous()
+            do_i = grad_out[i].contiguous()
+            for a, b in _OneDnnChunkedAttention._chunks(n_q, n_k):
+                p = torch.softmax(_mm_nt(qs_i[a:b], ki), -1)  # recomputed: the forward's exact values
+                do = do_i[a:b]
+                dv[i].addmm_(p.t(), do)
+                ds = torch._softmax_backward_data(_mm_nt(do, vi), p, -1, torch.float32)
+                dq[i, a:b] = _mm_nt(ds, kti).mul_(ctx.scale)
+                dk[i].addmm_(ds.t(), q3[i, a:b], alpha=ctx.scale)
+        qs, ks, vs = ctx.shapes
+        return dq.reshape(qs), dk.reshape(ks), dv.reshape(vs), None
+
+
+def _onednn_kernel(q: torch.Tensor, k: torch.Tensor):
+    """The oneDNN kernel for these inputs, or None for SDPA."""
     if _onednn_linear is None or q.device.type != "cpu" or q.dtype != torch.float32 or k.dtype != torch.float32:
-        return False
+        return None
     n_k = k.shape[-2]
     calls = q.numel() // (q.shape[-1] * q.shape[-2])
-    return n_k >= MIN_KEYS and calls <= MAX_CALLS and q.numel() // q.shape[-1] * n_k * 4 <= MAX_PROBS_BYTES
+    if n_k < MIN_KEYS or calls > MAX_CALLS:
+        return None
+    return _OneDnnAttention if q.numel() // q.shape[-1] * n_k * 4 <= MAX_PROBS_BYTES else _OneDnnChunkedAttention
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax(q @ k^T * scale) @ v over (..., N, head_dim) tensors."""
-    if _use_onednn(q, k):
-        return _OneDnnAttention.apply(q, k, v, scale)
+    kernel = _onednn_kernel(q, k)
+    if kernel is not None:
+        return kernel.apply(q, k, v, scale)
     return F.scaled_dot_product_attention(q, k, v, scale=scale)

@@ -31,6 +31,33 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last)
 
 
+# Row chunks. glibc serves every allocation above 32 MiB with a fresh mmap(), so each such tensor pays a page
+# fault per 4 KiB page on first touch (~10 ms for a 38 MiB map on this CPU: more than the math of an
+# elementwise op over it). The widest activations, the 4-8x hidden layers of the MLP / inverted residual at
+# stride 4 and 8, are computed in row chunks of about ROW_CHUNK_BYTES, which the heap recycles instead.
+# Measured: HAT-Net-S's stride-4 inverted residual at 448x672, fwd+bwd, 1.5x faster. Exact: each chunk
+# carries `halo` rows of context for the depthwise conv, cropped after it.
+ROW_CHUNK_BYTES = 8 * 2 ** 20
+
+
+def map_row_chunks(fn, x: torch.Tensor, halo: int, hidden_bytes: int) -> torch.Tensor:
+    """``fn(x)``, computed over row chunks of x when fn's widest intermediate (``hidden_bytes`` for all
+    of x) is above 2 * ROW_CHUNK_BYTES on CPU. fn must be row-local: stride 1, every output row depending
+    on at most ``halo`` input rows each side, zero padding at the map's borders (a k x k conv with
+    padding k // 2 and pointwise ops)."""
+    n_rows = x.shape[2]
+    chunks = min(n_rows, -(-hidden_bytes // ROW_CHUNK_BYTES))
+    if x.device.type != "cpu" or hidden_bytes <= 2 * ROW_CHUNK_BYTES or chunks < 2:
+        return fn(x)
+    step = -(-n_rows // chunks)
+    outs = []
+    for start in range(0, n_rows, step):
+        stop = min(start + step, n_rows)
+        lo, hi = max(start - halo, 0), min(stop + halo, n_rows)
+        outs.append(fn(x[:, :, lo:hi])[:, :, start - lo:stop - lo])
+    return torch.cat(outs, 2)
+
+
 class DropPath(nn.Module):
     """Stochastic depth per sample (identical in effect to timm's DropPath, without the dependency)."""
 

@@ -27,6 +27,7 @@ from ._common import (
     check_input,
     check_out_indices,
     drop_path_rates,
+    map_row_chunks,
     nchw,
     nhwc,
     resolve_arch,
@@ -62,7 +63,14 @@ class InvertedResidual(nn.Module):
         self.conv3 = nn.Sequential(nn.Conv2d(hidden, dim, 1, bias=False), _gn(dim))
 
     def forward(self, x):
-        return self.conv3(self.conv2(self.conv1(x)))
+        norm_in, pw_in = self.conv1[0], self.conv1[1]
+        hidden_bytes = pw_in.out_channels * x.numel() // x.shape[1] * x.element_size()
+        # the GroupNorms see whole maps; what lies between them is row-local (see map_row_chunks)
+        y = map_row_chunks(self._row_local, norm_in(x), self.conv2[0].padding[0], hidden_bytes)
+        return self.conv3[1](y)
+
+    def _row_local(self, x):  # 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
+        return self.conv3[0](self.conv2(self.conv1[2](self.conv1[1](x))))
 
 
 class Attention(nn.Module):

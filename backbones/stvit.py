@@ -7,6 +7,7 @@ block, before the PatchMerging that starts the next stage: the same tensor the o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -22,6 +23,7 @@ from ._common import (
     check_input,
     check_out_indices,
     drop_path_rates,
+    map_row_chunks,
     nchw,
     nhwc,
     resolve_arch,
@@ -127,9 +129,14 @@ class Mlp(nn.Module):
         self.fc2 = nn.Conv2d(hidden, dim, 1)
 
     def forward(self, x):
+        hidden_numel = self.fc1.out_channels * x.numel() // x.shape[1]
+        recompute = hidden_numel >= self.recompute_numel and torch.is_grad_enabled() \
+            and not torch.is_autocast_enabled() and self.act1.approximate == "none"
+        return map_row_chunks(partial(self._row_local, recompute=recompute), x, 1, hidden_numel * x.element_size())
+
+    def _row_local(self, x, recompute: bool):
         h = self.fc1(x)
-        if h.numel() >= self.recompute_numel and torch.is_grad_enabled() and not torch.is_autocast_enabled() \
-                and self.act1.approximate == "none":
+        if recompute:
             dw = self.conv.conv
             return _MlpTail.apply(h, dw.weight, dw.bias, self.fc2.weight, self.fc2.bias)
         return self.fc2(self.conv(self.act1(h)))

@@ -83,18 +83,26 @@ def test_channels_last_is_an_internal_detail():
         assert F.relu(o1).shape == o1.shape
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("shape", [(2, 3, 300, 300, 16), (1, 2, 1000, 260, 32)])
-def test_onednn_attention_equals_sdpa(shape):
-    """The CPU oneDNN attention kernel: same outputs and q/k/v gradients as SDPA, on strided views."""
+def test_onednn_attention_equals_sdpa(shape, chunked, monkeypatch):
+    """The CPU oneDNN attention kernels (kept probabilities / query chunks with recomputation): same outputs
+    and q/k/v gradients as SDPA, on strided views as in the models."""
     from backbones import _attention
+    if chunked:  # several chunks of 64 queries, and the dispatch picks the chunked kernel
+        monkeypatch.setattr(_attention, "MAX_PROBS_BYTES", 0)
+        monkeypatch.setattr(_attention, "CHUNK_BYTES", 64 * 4 * 300)
     B, nh, n_q, n_k, d = shape
     torch.manual_seed(0)
-    qkv = torch.randn(B, n_q, 3, nh, d).permute(2, 0, 3, 1, 4)  # strided (B, heads, N, d) views, as in the models
+    qkv = torch.randn(B, n_q, 3, nh, d).permute(2, 0, 3, 1, 4)  # strided (B, heads, N, d) views
     q = qkv[0].clone().requires_grad_()
     k = torch.randn(B, nh, n_k, d).mul(2).requires_grad_()
     v = torch.randn(B, n_k, nh, d).transpose(1, 2).requires_grad_()
-    q_view = q * 1  # non-leaf, so the kernel sees the graph as in a model
-    assert _attention._use_onednn(q_view, k)
+    q_view = q * 1
+    kernel = _attention._onednn_kernel(q_view, k)
+    assert kernel is (_attention._OneDnnChunkedAttention if chunked else _attention._OneDnnAttention)
+    if chunked:
+        assert len(kernel._chunks(n_q, n_k)) > 3
     scale = d ** -0.5
     out = _attention.attention(q_view, k, v, scale)
     ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
@@ -105,11 +113,34 @@ def test_onednn_attention_equals_sdpa(shape):
 
 
 def test_attention_dispatch():
-    from backbones._attention import _use_onednn
+    from backbones._attention import _onednn_kernel, _OneDnnAttention, _OneDnnChunkedAttention
     cpu = torch.zeros(1, 5, 1176, 64)
-    assert _use_onednn(cpu, cpu)
-    assert not _use_onednn(cpu[:, :, :100], cpu[:, :, :100])  # few keys: SDPA
-    assert not _use_onednn(cpu.bfloat16(), cpu.bfloat16())  # reduced precision: SDPA
+    assert _onednn_kernel(cpu, cpu) is _OneDnnAttention
+    assert _onednn_kernel(cpu[:, :, :100], cpu[:, :, :100]) is None  # few keys: SDPA
+    assert _onednn_kernel(cpu.bfloat16(), cpu.bfloat16()) is None  # reduced precision: SDPA
     big = torch.zeros(1, 5, 4200, 64)
-    assert not _use_onednn(big, big)  # 350 MiB of probabilities: SDPA's flash kernel
-    assert not _use_onednn(torch.zeros(120, 1, 300, 8), torch.zeros(120, 1, 300, 8))  # many small calls
+    assert _onednn_kernel(big, big) is _OneDnnChunkedAttention  # 350 MiB of probabilities: not kept
+    assert _onednn_kernel(torch.zeros(120, 1, 300, 8), torch.zeros(120, 1, 300, 8)) is None  # many small calls
+
+
+@pytest.mark.parametrize("family,kernel", [("hatnet", 3), ("hatnet", 5), ("stvit", 3)])
+def test_row_chunked_hidden_layers_are_exact(family, kernel, monkeypatch):
+    """The row-chunked MLP / inverted residual (halo rows for the depthwise conv) computes what the whole map
+    computes: outputs and gradients of input and parameters, including the first/last rows and odd heights."""
+    from backbones import _common
+    from backbones.hatnet import InvertedResidual
+    torch.manual_seed(0)
+    m = InvertedResidual(8, 32, kernel) if family == "hatnet" else Mlp(8, 32)
+    x = torch.randn(2, 8, 23, 10).contiguous(memory_format=torch.channels_last).requires_grad_()
+    whole = m(x)  # small map: computed whole
+    calls = []
+    row_local = m._row_local
+    monkeypatch.setattr(m, "_row_local", lambda t, **kw: calls.append(t.shape[2]) or row_local(t, **kw))
+    monkeypatch.setattr(_common, "ROW_CHUNK_BYTES", 2 * 32 * 10 * 4 * 3)  # ~3 rows per chunk
+    chunked = m(x)
+    assert len(calls) >= 6 and max(calls) <= 3 + 2 * (kernel // 2) + 1
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+    g = torch.randn_like(whole)
+    params = [x] + list(m.parameters())
+    for a, b in zip(torch.autograd.grad(chunked, params, g), torch.autograd.grad(whole, params, g)):
+        assert_close(a, b, "grad")  # weight grads are summed over chunks: rounding only
