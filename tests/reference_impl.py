@@ -99,9 +99,13 @@ def _hatnet_attention(self, x):
     return self.proj(out + grid_x if g > 1 else out)
 
 
+def _hatnet_inverted_residual(self, x):  # the official nn.Sequential chain on the whole map
+    return self.conv3(self.conv2(self.conv1(x)))
+
+
 def as_reference(model):
     """A deep copy of an STViT / HATNet that computes the way the official code does: the literal attention
-    above, and, for STViT, NCHW maps, 1x1 convolutions as nn.Conv2d and permute-copy LayerNorms."""
+    above, NCHW maps, and for STViT an MLP without recomputation and permute-copy LayerNorms; no row chunks."""
     ref = copy.deepcopy(model)
     for m in ref.modules():
         if isinstance(m, stvit.Mlp):
@@ -116,4 +120,8 @@ def as_reference(model):
             m.stoken_forward = types.MethodType(_stvit_stoken_forward, m)
         elif isinstance(m, hatnet.Attention):
             m.forward = types.MethodType(_hatnet_attention, m)
+        elif isinstance(m, hatnet.InvertedResidual):
+            m.forward = types.MethodType(_hatnet_inverted_residual, m)
+    if isinstance(ref, hatnet.HATNet):
+        ref.patch_embed.forward = types.MethodType(_nchw_stem, ref.patch_embed)
     return ref

@@ -78,11 +78,19 @@ def make_step(model, x, mode: str, precision: str):
 def count_gmacs(model, x) -> float:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
+
+    from backbones import _attention, _common
     model.eval()
-    # The counter has no formula for the CPU flash-attention kernel: count attention through the math
-    # backend, which runs it as the matmuls it is.
-    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model(x)
+    # The counter knows aten ops only: attention goes through SDPA's math backend (the matmuls it is) instead
+    # of the oneDNN kernels or the CPU flash kernel, and maps are not cut into row chunks (whose halo rows
+    # are an implementation cost, not the model's).
+    saved = _attention._onednn_linear, _common.ROW_CHUNK_BYTES
+    _attention._onednn_linear, _common.ROW_CHUNK_BYTES = None, 2 ** 62
+    try:
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            model(x)
+    finally:
+        _attention._onednn_linear, _common.ROW_CHUNK_BYTES = saved
     return counter.get_total_flops() / 2e9
 
 

@@ -41,7 +41,7 @@ def _giou_4conv1fc_head(target_stds):
 
 
 # Super tokens in stage 3 at COCO scale (see the header of mask-rcnn_stvit-s_fpn_1x_coco.py).
-dense_stoken_size = [8, 4, 4, 1]
+dense_stoken_size = [8, 4, 2, 1]
 model = dict(
     backbone=dict(_base_.pop('stvit_s_backbone'), stoken_size=dense_stoken_size),
     neck=dict(in_channels=[64, 128, 320, 512]),

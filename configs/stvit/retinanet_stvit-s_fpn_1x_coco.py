@@ -19,7 +19,7 @@ _base_ = [
 ]
 
 # Super tokens in stage 3 at COCO scale (see the header of mask-rcnn_stvit-s_fpn_1x_coco.py).
-dense_stoken_size = [8, 4, 4, 1]
+dense_stoken_size = [8, 4, 2, 1]
 model = dict(
     backbone=dict(_base_.pop('stvit_s_backbone'), stoken_size=dense_stoken_size, out_indices=(1, 2, 3)),
     neck=dict(in_channels=[128, 320, 512], start_level=0, add_extra_convs='on_input', num_outs=5))

@@ -8,7 +8,7 @@
 # (pop, not a plain reference, so that the carrier names do not stay in the resolved config).
 #
 # Backbone choices (see mask-rcnn_stvit-s_fpn_1x_coco.py): stoken_size not set here (the
-# classification preset [8, 4, 1, 1]; the COCO leaves set the dense setting [8, 4, 4, 1]);
+# classification preset [8, 4, 1, 1]; the COCO leaves set the dense setting [8, 4, 2, 1]);
 # norm_out=False (the exact official stage features);
 # drop_path_rate=0.2 (the detection / Semantic FPN value; the UperNet configs override it);
 # no activation checkpointing (STViT-L detection overrides it).
