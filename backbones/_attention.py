@@ -106,6 +106,8 @@ def _onednn_kernel(q: torch.Tensor, k: torch.Tensor):
     """The oneDNN kernel for these inputs, or None for SDPA."""
     if _onednn_linear is None or q.device.type != "cpu" or q.dtype != torch.float32 or k.dtype != torch.float32:
         return None
+    if torch.compiler.is_compiling():  # inductor fails to lower mkldnn._linear_pointwise on fused inputs
+        return None
     n_k = k.shape[-2]
     calls = q.numel() // (q.shape[-1] * q.shape[-2])
     if n_k < MIN_KEYS or calls > MAX_CALLS:
