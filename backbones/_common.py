@@ -40,6 +40,24 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
 ROW_CHUNK_BYTES = 8 * 2 ** 20
 
 
+class _OverlappingRows(torch.autograd.Function):
+    """Row slices [lo, hi) of x (views). Backward adds each slice's gradient into one buffer; autograd's own
+    slice backward would allocate, zero and add a full-size tensor per slice."""
+
+    @staticmethod
+    def forward(ctx, x, bounds):
+        ctx.bounds, ctx.shape = bounds, x.shape
+        return tuple(x[:, :, lo:hi] for lo, hi in bounds)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grad = grads[0].new_zeros(ctx.shape).contiguous(memory_format=torch.channels_last)
+        for (lo, hi), g in zip(ctx.bounds, grads):
+            if g is not None:
+                grad[:, :, lo:hi] += g
+        return grad, None
+
+
 def map_row_chunks(fn, x: torch.Tensor, halo: int, hidden_bytes: int) -> torch.Tensor:
     """``fn(x)``, computed over row chunks of x when fn's widest intermediate (``hidden_bytes`` for all
     of x) is above 2 * ROW_CHUNK_BYTES on CPU. fn must be row-local: stride 1, every output row depending
@@ -50,12 +68,12 @@ def map_row_chunks(fn, x: torch.Tensor, halo: int, hidden_bytes: int) -> torch.T
     if x.device.type != "cpu" or hidden_bytes <= 2 * ROW_CHUNK_BYTES or chunks < 2:
         return fn(x)
     step = -(-n_rows // chunks)
-    outs = []
-    for start in range(0, n_rows, step):
-        stop = min(start + step, n_rows)
-        lo, hi = max(start - halo, 0), min(stop + halo, n_rows)
-        outs.append(fn(x[:, :, lo:hi])[:, :, start - lo:stop - lo])
-    return torch.cat(outs, 2)
+    rows = [(start, min(start + step, n_rows)) for start in range(0, n_rows, step)]
+    bounds = [(max(start - halo, 0), min(stop + halo, n_rows)) for start, stop in rows]
+    pieces = _OverlappingRows.apply(x, bounds) if torch.is_grad_enabled() and x.requires_grad \
+        else [x[:, :, lo:hi] for lo, hi in bounds]
+    return torch.cat([fn(piece)[:, :, start - lo:stop - lo]
+                      for piece, (start, stop), (lo, _) in zip(pieces, rows, bounds)], 2)
 
 
 class DropPath(nn.Module):
