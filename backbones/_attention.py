@@ -23,6 +23,11 @@ CHUNK_BYTES = 4 * 2 ** 20  # measured best of 1-32 MiB at N=4200 (cache-sized ch
 _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 
 
+def _per_head(*tensors: torch.Tensor):
+    """(..., N, d) -> (batch x heads, N, d) each, views where the strides allow."""
+    return tuple(t.reshape(-1, *t.shape[-2:]) for t in tensors)
+
+
 def _mm_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b.T for 2-D tensors, as one oneDNN GEMM (b is the 'weight' of a linear layer)."""
     return _onednn_linear(a.contiguous(), b.contiguous(), None, "none", [], "")
@@ -33,8 +38,7 @@ class _OneDnnAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale):
-        lead = q.shape[:-2]
-        q3, k3, v3 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+        q3, k3, v3 = _per_head(q, k, v)
         probs = q3.new_empty(q3.shape[0], q3.shape[1], k3.shape[1])
         out = q3.new_empty(q3.shape[0], q3.shape[1], v3.shape[2])
         for i in range(q3.shape[0]):  # per (batch, head): oneDNN has no batched GEMM entry point here
@@ -42,7 +46,7 @@ class _OneDnnAttention(torch.autograd.Function):
             out[i] = _mm_nt(probs[i], v3[i].t())
         ctx.save_for_backward(q3, k3, v3, probs)
         ctx.scale, ctx.shapes = scale, (q.shape, k.shape, v.shape)
-        return out.reshape(*lead, *out.shape[-2:])
+        return out.reshape(q.shape[:-1] + out.shape[-1:])
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -70,29 +74,28 @@ class _OneDnnChunkedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale):
-        lead = q.shape[:-2]
-        q3, k3, v3 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
-        n_q, n_k = q3.shape[1], k3.shape[1]
-        out = q3.new_empty(q3.shape[0], n_q, v3.shape[2])
+        q3, k3, v3 = _per_head(q, k, v)
+        out = q3.new_empty(q3.shape[0], q3.shape[1], v3.shape[2])
+        chunks = _OneDnnChunkedAttention._chunks(q3.shape[1], k3.shape[1])
         for i in range(q3.shape[0]):
             qi, ki, vti = q3[i] * scale, k3[i].contiguous(), v3[i].t().contiguous()
-            for a, b in _OneDnnChunkedAttention._chunks(n_q, n_k):
+            for a, b in chunks:
                 out[i, a:b] = _mm_nt(torch.softmax(_mm_nt(qi[a:b], ki), -1), vti)
         ctx.save_for_backward(q3, k3, v3)
         ctx.scale, ctx.shapes = scale, (q.shape, k.shape, v.shape)
-        return out.reshape(*lead, *out.shape[-2:])
+        return out.reshape(q.shape[:-1] + out.shape[-1:])
 
     @staticmethod
     def backward(ctx, grad_out):
         q3, k3, v3 = ctx.saved_tensors
         grad_out = grad_out.reshape(*q3.shape[:2], -1)
-        n_q, n_k = q3.shape[1], k3.shape[1]
+        chunks = _OneDnnChunkedAttention._chunks(q3.shape[1], k3.shape[1])
         dq, dk, dv = torch.empty_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
         for i in range(q3.shape[0]):
             qs_i = q3[i] * ctx.scale
             ki, vi, kti = k3[i].contiguous(), v3[i].contiguous(), k3[i].t().contiguous()
             do_i = grad_out[i].contiguous()
-            for a, b in _OneDnnChunkedAttention._chunks(n_q, n_k):
+            for a, b in chunks:
                 p = torch.softmax(_mm_nt(qs_i[a:b], ki), -1)  # recomputed: the forward's exact values
                 do = do_i[a:b]
                 dv[i].addmm_(p.t(), do)
@@ -109,11 +112,10 @@ def _onednn_kernel(q: torch.Tensor, k: torch.Tensor):
         return None
     if torch.compiler.is_compiling():  # inductor fails to lower mkldnn._linear_pointwise on fused inputs
         return None
-    n_k = k.shape[-2]
-    calls = q.numel() // (q.shape[-1] * q.shape[-2])
-    if n_k < MIN_KEYS or calls > MAX_CALLS:
+    n_k, query_rows = k.shape[-2], q.numel() // q.shape[-1]  # query_rows = batch x heads x N_q
+    if n_k < MIN_KEYS or query_rows // q.shape[-2] > MAX_CALLS:
         return None
-    return _OneDnnAttention if q.numel() // q.shape[-1] * n_k * 4 <= MAX_PROBS_BYTES else _OneDnnChunkedAttention
+    return _OneDnnAttention if query_rows * n_k * 4 <= MAX_PROBS_BYTES else _OneDnnChunkedAttention
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

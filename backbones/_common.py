@@ -51,18 +51,20 @@ class _OverlappingRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        grad = grads[0].new_zeros(ctx.shape).contiguous(memory_format=torch.channels_last)
+        g0 = grads[0]
+        grad = torch.empty(ctx.shape, dtype=g0.dtype, device=g0.device, memory_format=torch.channels_last).zero_()
         for (lo, hi), g in zip(ctx.bounds, grads):
             if g is not None:
                 grad[:, :, lo:hi] += g
         return grad, None
 
 
-def map_row_chunks(fn, x: torch.Tensor, halo: int, hidden_bytes: int) -> torch.Tensor:
-    """``fn(x)``, computed over row chunks of x when fn's widest intermediate (``hidden_bytes`` for all
-    of x) is above 2 * ROW_CHUNK_BYTES on CPU. fn must be row-local: stride 1, every output row depending
-    on at most ``halo`` input rows each side, zero padding at the map's borders (a k x k conv with
-    padding k // 2 and pointwise ops)."""
+def map_row_chunks(fn, x: torch.Tensor, halo: int, hidden_channels: int) -> torch.Tensor:
+    """``fn(x)``, computed over row chunks of x when fn's widest intermediate (``hidden_channels`` at x's
+    resolution) is above 2 * ROW_CHUNK_BYTES on CPU. fn must be row-local: stride 1, every output row
+    depending on at most ``halo`` input rows each side, zero padding at the map's borders (a k x k conv
+    with padding k // 2 and pointwise ops)."""
+    hidden_bytes = hidden_channels * x.numel() // x.shape[1] * x.element_size()
     n_rows = x.shape[2]
     chunks = min(n_rows, -(-hidden_bytes // ROW_CHUNK_BYTES))
     if x.device.type != "cpu" or hidden_bytes <= 2 * ROW_CHUNK_BYTES or chunks < 2:

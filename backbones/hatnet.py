@@ -63,10 +63,8 @@ class InvertedResidual(nn.Module):
         self.conv3 = nn.Sequential(nn.Conv2d(hidden, dim, 1, bias=False), _gn(dim))
 
     def forward(self, x):
-        norm_in, pw_in = self.conv1[0], self.conv1[1]
-        hidden_bytes = pw_in.out_channels * x.numel() // x.shape[1] * x.element_size()
         # the GroupNorms see whole maps; what lies between them is row-local (see map_row_chunks)
-        y = map_row_chunks(self._row_local, norm_in(x), self.conv2[0].padding[0], hidden_bytes)
+        y = map_row_chunks(self._row_local, self.conv1[0](x), self.conv2[0].padding[0], self.conv1[1].out_channels)
         return self.conv3[1](y)
 
     def _row_local(self, x):  # 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
