@@ -125,3 +125,16 @@ def as_reference(model):
     if isinstance(ref, hatnet.HATNet):
         ref.patch_embed.forward = types.MethodType(_nchw_stem, ref.patch_embed)
     return ref
+
+
+def outputs_and_grads(model, ref, x):
+    """Run ``model`` and its reference on x and backpropagate the same random weighting of their outputs
+    (with a plain sum some gradients are analytically zero, e.g. through HAT-Net's last GroupNorm, and
+    comparing rounding noise relative to its own scale is meaningless). Returns the two output tuples and
+    (name, grad, reference grad) for every parameter of ``model``."""
+    outs, ref_outs = model(x), ref(x)
+    weights = [torch.randn_like(o) for o in outs]
+    sum((o * w).sum() for o, w in zip(outs, weights)).backward()
+    sum((o * w).sum() for o, w in zip(ref_outs, weights)).backward()
+    grads = [(n, p.grad, q.grad) for (n, p), q in zip(model.named_parameters(), ref.parameters())]
+    return outs, ref_outs, grads
