@@ -4,6 +4,7 @@
   python tools/benchmark.py --family stvit --arch small --size 800x1344 --mode train [--compare]
   python tools/benchmark.py --table     # the README's speed table (448x672 and 800x1344, train, fp32)
   python tools/benchmark.py --variants  # params and GMACs of the released variants at 224x224
+  python tools/benchmark.py --throughput --device cuda --precision bf16  # images/s at 224x224, batch 64
 
 Time: median seconds per iteration (forward, and backward of all stage outputs in train mode) after
 warm-up. With --compare, every model is timed in this process, round-robin, on the same input, so the
@@ -214,6 +215,32 @@ def variants_table() -> str:
     return "\n".join(lines)
 
 
+# Inference throughput the STViT paper reports at 224x224 (images/s, its GPU, classification models).
+PAPER_THROUGHPUT = {("stvit", "small"): 677, ("stvit", "base"): 361, ("stvit", "large"): 269}
+
+
+def throughput_table(args) -> str:
+    """Images per second of every released variant of --family (inference, --batch, --size, --device,
+    --precision), next to the paper's figure where it gives one (at 224x224). Backbones only: no classifier
+    head. On CUDA give --warmup and --repeat enough iterations for the kernels' autotuning to settle."""
+    import copy
+    lines = ["| backbone | input | batch | device | precision | images/s | paper images/s (224x224) |",
+             "|---|---|---|---|---|---|---|"]
+    for family, arch in PAPER:
+        if family != args.family:
+            continue
+        a = copy.copy(args)
+        a.arch, a.mode, a.stoken_size = arch, "infer", None
+        model, x = _model_and_input("ours", a)
+        seconds = time_models({"ours": model}, x, a)["ours"]
+        del model, x
+        paper = PAPER_THROUGHPUT.get((family, arch)) if tuple(a.size) == (224, 224) else None
+        lines.append(f"| {family}-{arch} | {a.size[0]}x{a.size[1]} | {a.batch} | {a.device} | {a.precision} "
+                     f"| {a.batch / seconds:.1f} | {paper if paper else 'n/a'} |")
+        print(lines[-1], file=sys.stderr, flush=True)
+    return "\n".join(lines)
+
+
 TABLE_CONFIGS = (("stvit", None), ("stvit", "dense"), ("hatnet", None))
 
 
@@ -261,8 +288,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES), default="stvit")
     p.add_argument("--arch", default="small")
-    p.add_argument("--size", default="448x672", type=lambda s: tuple(int(v) for v in s.lower().split("x")))
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--size", type=lambda s: tuple(int(v) for v in s.lower().split("x")),
+                   help="HxW (default 448x672; 224x224 with --throughput)")
+    p.add_argument("--batch", type=int, help="default 1; 64 with --throughput")
     p.add_argument("--mode", choices=["train", "infer"], default="train")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
@@ -278,11 +306,19 @@ def parse_args(argv=None):
     p.add_argument("--table", action="store_true",
                    help="the README speed table: STViT-S (default and dense stoken sizes) and HAT-Net-S at "
                         "448x672 and 800x1344, train, vs reference / Swin-T / ResNet-50, with peak memory")
+    p.add_argument("--throughput", action="store_true",
+                   help="images/s of every released variant of --family in inference (224x224, batch 64 by "
+                        "default), next to the STViT paper's figures; e.g. --device cuda --precision bf16")
     p.add_argument("--dense-stoken-size", type=lambda s: [int(v) for v in s.split(",")], default=[8, 4, 2, 1],
                    help="STViT super-token sizes of the table's dense-prediction rows (default 8,4,2,1)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's default)")
     p.add_argument("--_child", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.size is None:
+        args.size = (224, 224) if args.throughput else (448, 672)
+    if args.batch is None:
+        args.batch = 64 if args.throughput else 1
+    return args
 
 
 def main(argv=None):
@@ -300,6 +336,9 @@ def main(argv=None):
         return
     if args.table:
         print(speed_table(args))
+        return
+    if args.throughput:
+        print(throughput_table(args))
         return
     rows = run(args)
     print_rows(rows)

@@ -1,0 +1,60 @@
+"""tools/benchmark.py: what its tables print is computed from the models it names, on small inputs."""
+import math
+
+import pytest
+
+from backbones import _attention, _common
+
+from ._tools import load_tool
+
+benchmark = load_tool('benchmark')
+
+
+def _args(*argv):
+    return benchmark.parse_args(['--repeat', '1', '--warmup', '0', *argv])
+
+
+def test_defaults_follow_the_mode():
+    plain, throughput = benchmark.parse_args([]), benchmark.parse_args(['--throughput'])
+    assert (plain.size, plain.batch) == ((448, 672), 1)
+    assert (throughput.size, throughput.batch) == ((224, 224), 64)
+
+
+def test_compare_times_every_baseline_and_counts_the_model_math():
+    # 256x256: STViT's stage 3 has 256 tokens, so its attention takes the oneDNN kernel that the flop
+    # counter cannot see (7 % of the MACs at this size); the count must still match the literal
+    # reference's, whose identity-kernel unfold/fold convolutions add 0.2 % (copies counted as MACs).
+    rows = {r['model']: r for r in benchmark.run(_args('--size', '256x256', '--compare', '--no-memory'))}
+    assert set(rows) == {'ours', *benchmark.BASELINES}
+    ours, ref = rows['ours'], rows['reference']
+    assert ours['gmacs'] == pytest.approx(ref['gmacs'], rel=0.01)
+    assert ours['params_m'] == ref['params_m']
+    assert ours['gmacs'] > 4.31 * (256 / 224) ** 2 * 0.9  # at least the 224x224 backbone count, scaled
+    assert all(r['seconds'] > 0 for r in rows.values())
+    assert ours['speedup_vs_reference'] == pytest.approx(ref['seconds'] / ours['seconds'])
+    assert rows['swin-t']['params_m'] == pytest.approx(27.5, abs=0.5)  # mmdet's Swin-T backbone
+    # counting switched the CPU-only kernels off only while counting
+    assert _attention._onednn_linear is not None and _common.ROW_CHUNK_BYTES < 2 ** 40
+
+
+def test_peak_memory_is_measured_in_a_child_process():
+    peak = benchmark.peak_memory_gib('ours', _args('--size', '64x64'))
+    assert 0.1 < peak < 24
+
+
+def test_throughput_table_has_every_variant_and_the_paper_figures_only_at_224():
+    lines = benchmark.throughput_table(_args('--throughput', '--batch', '2', '--size', '64x64')).splitlines()[2:]
+    cells = [[c.strip() for c in line.strip('|').split('|')] for line in lines]
+    assert [c[0] for c in cells] == ['stvit-small', 'stvit-base', 'stvit-large']
+    assert all(float(c[5]) > 0 and c[6] == 'n/a' for c in cells)
+
+
+def test_variants_table_matches_the_papers_parameter_counts():
+    lines = benchmark.variants_table().splitlines()[2:]
+    assert len(lines) == len(benchmark.PAPER)
+    for line in lines:
+        name, _, _, ours_with_head, paper = [c.strip() for c in line.strip('|').split('|')]
+        params, gmacs = map(float, ours_with_head.split(' / '))
+        paper_params, paper_gmacs = map(float, paper.split(' / '))
+        assert math.isclose(params, paper_params, rel_tol=0.03), name
+        assert math.isclose(gmacs, paper_gmacs, rel_tol=0.1), name
