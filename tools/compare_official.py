@@ -139,9 +139,10 @@ def build_official(module, family: str, arch: str, stoken_size=None) -> Official
 
 def build_pair(args):
     module, family = load_official(args.official)
+    if args.stoken_size and family != "stvit":
+        raise SystemExit("--stoken-size sets STViT's super-token sizes; the official file is HAT-Net's")
     official = build_official(module, family, args.arch, args.stoken_size)
-    kwargs = dict(stoken_size=args.stoken_size) if args.stoken_size and family == "stvit" else {}
-    ours = FAMILIES[family](args.arch, **kwargs)
+    ours = FAMILIES[family](args.arch, **(dict(stoken_size=args.stoken_size) if args.stoken_size else {}))
     load_pretrained(ours, official.model.state_dict())
     return family, official.to(args.device), ours.to(args.device)
 
