@@ -80,7 +80,8 @@ def test_channels_last_is_an_internal_detail():
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-@pytest.mark.parametrize("shape", [(2, 3, 300, 300, 16), (1, 2, 1000, 260, 32)])
+# 257 queries: the last chunk is one row (its probabilities are a (1, N_k) matrix read transposed by oneDNN)
+@pytest.mark.parametrize("shape", [(2, 3, 300, 300, 16), (1, 2, 1000, 260, 32), (1, 2, 257, 260, 16)])
 def test_onednn_attention_equals_sdpa(shape, chunked, monkeypatch):
     """The CPU oneDNN attention kernels (kept probabilities / query chunks with recomputation): same outputs
     and q/k/v gradients as SDPA, on strided views as in the models."""
