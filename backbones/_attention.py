@@ -4,10 +4,11 @@ Same math either way: ``softmax(q k^T * scale) v``. On this project's CPU (AMD E
 GEMMs inside SDPA's flash kernel run at MKL's rate (~130-170 GFLOP/s) while oneDNN's reach ~400. For
 attention over a few hundred keys or more (STViT's global stage, HAT-Net's global attention to the
 pooled map), a kernel that keeps the attention probabilities and runs the GEMMs through oneDNN takes
-30-45 % less time for forward + backward (measured at both models' shapes at 448x672). All seven GEMMs
-go through oneDNN: the two that contract over queries (dK, dV) read the probabilities transposed in place. It holds a
-(batch x heads, N_q, N_k) float32 tensor, so it is used only up to ``MAX_PROBS_BYTES``; larger inputs
-(e.g. STViT's stage 3 at 800x1344, 350 MiB per block) take a chunked variant that keeps nothing of size
+30-45 % less time for forward + backward (measured at both models' shapes at 448x672). All GEMMs go
+through oneDNN; the two that contract over queries (dK, dV) read the probabilities transposed in place.
+Keeping the probabilities holds a (batch x heads, N_q, N_k) float32 tensor, so that kernel is used only
+up to ``MAX_PROBS_BYTES``; larger inputs (e.g. STViT's stage 3 at 800x1344, 350 MiB per block) take a
+chunked variant that keeps nothing of size
 N^2 and recomputes each query chunk's probabilities in backward, as flash attention does (measured
 1.1-1.5x faster than SDPA at N=4200). CUDA, reduced precision and torch.compile graphs use SDPA.
 """
