@@ -8,9 +8,9 @@ pooled map), a kernel that keeps the attention probabilities and runs the GEMMs 
 through oneDNN; the two that contract over queries (dK, dV) read the probabilities transposed in place.
 Keeping the probabilities holds a (batch x heads, N_q, N_k) float32 tensor, so that kernel is used only
 up to ``MAX_PROBS_BYTES``; larger inputs (e.g. STViT's stage 3 at 800x1344, 350 MiB per block) take a
-chunked variant that keeps nothing of size
-N^2 and recomputes each query chunk's probabilities in backward, as flash attention does (measured
-1.1-1.5x faster than SDPA at N=4200). CUDA, reduced precision and torch.compile graphs use SDPA.
+chunked variant that keeps nothing of size N^2 and recomputes each query chunk's probabilities in
+backward, as flash attention does (measured 1.1-1.5x faster than SDPA at N=4200). CUDA, reduced
+precision and torch.compile graphs use SDPA.
 """
 from __future__ import annotations
 
