@@ -147,12 +147,21 @@ def _model_and_input(name, args):
     return model, x
 
 
+def compiled(model, x, args):
+    """torch.compile(model), compiled by one step here so that the compile time is reported, not timed."""
+    t0 = time.perf_counter()
+    model = torch.compile(model)
+    make_step(model, x, args.mode, args.precision)()
+    print(f"note: torch.compile + first step: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return model
+
+
 def _forward_args(args) -> list[str]:
     out = ["--family", args.family, "--arch", args.arch, "--size", f"{args.size[0]}x{args.size[1]}",
            "--batch", str(args.batch), "--mode", args.mode, "--device", args.device, "--precision", args.precision]
     if args.stoken_size:
         out += ["--stoken-size", ",".join(map(str, args.stoken_size))]
-    return out + (["--with-cp"] if args.with_cp else [])
+    return out + (["--with-cp"] if args.with_cp else []) + (["--compile"] if args.compile else [])
 
 
 def run(args) -> list[dict]:
@@ -172,7 +181,13 @@ def run(args) -> list[dict]:
             print(f"note: {name} cannot run at {h}x{w}: {failed[name]}", file=sys.stderr)
             continue
         models[name] = model
-    times = time_models(models, x, args)
+    timed = dict(models)
+    if args.compile:  # the eager model is timed too, round-robin with the compiled one
+        timed["ours"], timed["eager"] = compiled(models["ours"], x, args), models["ours"]
+    times = time_models(timed, x, args)
+    if args.compile:
+        print(f"note: compiled {times['ours']:.3f} s/iter, eager {times['eager']:.3f} s/iter: "
+              f"{times['eager'] / times['ours']:.2f}x", file=sys.stderr)
     for name, model in models.items():
         rows.append(dict(model=name, family=args.family if name in ("ours", "reference") else name,
                          arch=args.arch, size=f"{h}x{w}", batch=args.batch, mode=args.mode,
@@ -298,6 +313,9 @@ def parse_args(argv=None):
                    help="STViT super-token sizes per stage, e.g. 8,4,2,1")
     p.add_argument("--with-cp", action="store_true", help="activation checkpointing")
     p.add_argument("--compare", action="store_true", help=f"also run {', '.join(BASELINES)}")
+    p.add_argument("--compile", action="store_true",
+                   help="time ours under torch.compile (inductor); baselines stay eager, GMACs count the eager model, "
+                        "peak RSS on CPU includes the compiler's")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
@@ -326,6 +344,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads or max(1, torch.get_num_threads()))
     if args._child:  # measure one model's peak RSS in isolation
         model, x = _model_and_input(args._child, args)
+        if args.compile and args._child == "ours":
+            model = torch.compile(model)
         step = make_step(model, x, args.mode, args.precision)
         step()
         step()
