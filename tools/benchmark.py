@@ -111,19 +111,34 @@ def time_models(models: dict, x, args) -> dict:
 
 def peak_memory_gib(name: str, args) -> float:
     """Peak memory of one model's iterations; on CPU in a child process so models do not share a peak."""
-    if args.device.startswith("cuda"):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        model, x = _model_and_input(name, args)
-        make_step(model, x, args.mode, args.precision)()
-        peak = torch.cuda.max_memory_allocated() / 2 ** 30
-        del model, x
-        return peak
     cmd = [sys.executable, __file__, "--_child", name] + _forward_args(args)
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return measure_peak_gib(lambda: _model_and_input(name, args), args, cmd)
+
+
+def measure_peak_gib(build, args, child_cmd: list[str]) -> float:
+    """Peak memory of the model that ``build()`` returns (with its input): on CUDA max_memory_allocated in
+    this process; on CPU the max RSS reported by ``child_cmd``, a process that builds only that model and
+    calls ``report_child_peak``."""
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        model, x = build()
+        make_step(model, x, args.mode, args.precision)()
+        del model, x
+        return torch.cuda.max_memory_allocated() / 2 ** 30
+    out = subprocess.run(child_cmd, check=True, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     return json.loads(out.stdout.strip().splitlines()[-1])["max_rss_gib"]
+
+
+def report_child_peak(model, x, args) -> None:
+    """In a child process: two steps of the model, then its peak RSS as the last line of stdout (JSON)."""
+    step = make_step(model, x, args.mode, args.precision)
+    step()
+    step()
+    print(json.dumps({"max_rss_gib": _peak_rss_gib()}))
 
 
 def _peak_rss_gib() -> float:
@@ -346,10 +361,7 @@ def main(argv=None):
         model, x = _model_and_input(args._child, args)
         if args.compile and args._child == "ours":
             model = torch.compile(model)
-        step = make_step(model, x, args.mode, args.precision)
-        step()
-        step()
-        print(json.dumps({"max_rss_gib": _peak_rss_gib()}))
+        report_child_peak(model, x, args)
         return
     if args.variants:
         print(variants_table())

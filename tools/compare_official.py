@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -35,7 +33,7 @@ TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS.parent))
 sys.path.insert(0, str(TOOLS))
 
-from benchmark import FAMILIES, _peak_rss_gib, make_step, time_models  # noqa: E402
+from benchmark import FAMILIES, measure_peak_gib, report_child_peak, time_models  # noqa: E402
 
 from backbones import load_pretrained  # noqa: E402
 from backbones._common import DropPath  # noqa: E402
@@ -152,15 +150,13 @@ def max_relative_difference(a_outs, b_outs) -> float:
 
 
 def peak_memory_gib(which: str, args) -> float:
-    if args.device.startswith("cuda"):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        model = dict(zip(("official", "ours"), build_pair(args)[1:]))[which]
-        make_step(model, _input(args), args.mode, args.precision)()
-        return torch.cuda.max_memory_allocated() / 2 ** 30
-    cmd = [sys.executable, __file__, *args.argv, "--_child", which]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ})
-    return json.loads(out.stdout.strip().splitlines()[-1])["max_rss_gib"]
+    """Peak memory of the official model or ours alone (a child process on CPU)."""
+    return measure_peak_gib(lambda: (_one_of_pair(which, args), _input(args)), args,
+                            [sys.executable, __file__, *args.argv, "--_child", which])
+
+
+def _one_of_pair(which: str, args) -> nn.Module:
+    return dict(zip(("official", "ours"), build_pair(args)[1:]))[which]
 
 
 def _input(args):
@@ -214,11 +210,7 @@ def run(args) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     if args._child:  # one model's peak memory in isolation
-        model = dict(zip(("official", "ours"), build_pair(args)[1:]))[args._child]
-        step = make_step(model, _input(args), args.mode, args.precision)
-        step()
-        step()
-        print(json.dumps({"max_rss_gib": _peak_rss_gib()}))
+        report_child_peak(_one_of_pair(args._child, args), _input(args), args)
         return
     r = run(args)
     peaks = (f"{r['official_peak_gib']:.2f} / {r['ours_peak_gib']:.2f}" if "ours_peak_gib" in r else "n/a")
