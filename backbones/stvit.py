@@ -132,7 +132,8 @@ class Mlp(nn.Module):
         hidden_numel = self.fc1.out_channels * x.numel() // x.shape[1]
         recompute = hidden_numel >= self.recompute_numel and torch.is_grad_enabled() \
             and not torch.is_autocast_enabled() and self.act1.approximate == "none"
-        return map_row_chunks(partial(self._row_local, recompute=recompute), x, 1, self.fc1.out_channels)
+        halo = self.conv.conv.padding[0]  # rows of context the depthwise conv reads each side
+        return map_row_chunks(partial(self._row_local, recompute=recompute), x, halo, self.fc1.out_channels)
 
     def _row_local(self, x, recompute: bool):
         h = self.fc1(x)
