@@ -3,11 +3,14 @@
 ``import backbones`` also registers ``type='STViT'`` / ``type='HATNet'`` in the mm model registries when
 mmengine is installed, so mmdet and mmseg configs can build them.
 """
+from ._fast_paths import enabled as fast_paths_enabled
+from ._fast_paths import fast_paths, set_fast_paths
 from .hatnet import HATNet
 from .pretrained import CheckpointError, LoadReport, load_pretrained
 from .stvit import STViT
 
-__all__ = ["STViT", "HATNet", "load_pretrained", "LoadReport", "CheckpointError"]
+__all__ = ["STViT", "HATNet", "load_pretrained", "LoadReport", "CheckpointError", "set_fast_paths", "fast_paths",
+           "fast_paths_enabled"]
 
 try:  # registry adapters: optional, the pure backbones do not need mm packages
     import mmengine  # noqa: F401

@@ -7,7 +7,7 @@ pooled map), a kernel that keeps the attention probabilities and runs the GEMMs 
 30-45 % less time for forward + backward (measured at both models' shapes at 448x672). All GEMMs go
 through oneDNN; the two that contract over queries (dK, dV) read the probabilities transposed in place.
 Keeping the probabilities holds a (batch x heads, N_q, N_k) float32 tensor, so that kernel is used only
-up to ``MAX_PROBS_BYTES``; larger inputs (e.g. STViT's stage 3 at 800x1344, 350 MiB per block) take a
+up to ``LIMITS.attention_max_probs_bytes``; larger inputs (e.g. STViT's stage 3 at 800x1344, 350 MiB per block) take a
 chunked variant that keeps nothing of size N^2 and recomputes each query chunk's probabilities in
 backward, as flash attention does (measured 1.1-1.5x faster than SDPA at N=4200). CUDA, reduced
 precision and torch.compile graphs use SDPA.
@@ -17,10 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-MIN_KEYS = 256  # measured faster from 294 keys on; many tiny windows stay with SDPA (one GEMM call each)
-MAX_CALLS = 64  # batch x heads: one pair of GEMM calls each
-MAX_PROBS_BYTES = 64 * 2 ** 20  # above: query chunks of about CHUNK_BYTES of probabilities
-CHUNK_BYTES = 4 * 2 ** 20  # measured best of 1-32 MiB at N=4200 (cache-sized chunks, no fresh mmaps)
+from . import _fast_paths
+from ._fast_paths import LIMITS
 
 _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 
@@ -80,7 +78,7 @@ class _OneDnnChunkedAttention(torch.autograd.Function):
 
     @staticmethod
     def _chunks(n_q: int, n_k: int):
-        size = max(64, (CHUNK_BYTES // (4 * n_k)) // 64 * 64)
+        size = max(64, (LIMITS.attention_chunk_bytes // (4 * n_k)) // 64 * 64)
         return [(s, min(s + size, n_q)) for s in range(0, n_q, size)]
 
     @staticmethod
@@ -123,14 +121,16 @@ class _OneDnnChunkedAttention(torch.autograd.Function):
 
 def _onednn_kernel(q: torch.Tensor, k: torch.Tensor):
     """The oneDNN kernel for these inputs, or None for SDPA."""
-    if _onednn_linear is None or q.device.type != "cpu" or q.dtype != torch.float32 or k.dtype != torch.float32:
+    if not _fast_paths.enabled() or _onednn_linear is None or q.device.type != "cpu":
+        return None
+    if q.dtype != torch.float32 or k.dtype != torch.float32:
         return None
     if torch.compiler.is_compiling():  # inductor fails to lower mkldnn._linear_pointwise on fused inputs
         return None
     n_k, query_rows = k.shape[-2], q.numel() // q.shape[-1]  # query_rows = batch x heads x N_q
-    if n_k < MIN_KEYS or query_rows // q.shape[-2] > MAX_CALLS:
+    if n_k < LIMITS.attention_min_keys or query_rows // q.shape[-2] > LIMITS.attention_max_calls:
         return None
-    return _OneDnnAttention if query_rows * n_k * 4 <= MAX_PROBS_BYTES else _OneDnnChunkedAttention
+    return _OneDnnAttention if query_rows * n_k * 4 <= LIMITS.attention_max_probs_bytes else _OneDnnChunkedAttention
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

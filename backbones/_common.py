@@ -7,6 +7,9 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from . import _fast_paths
+from ._fast_paths import LIMITS
+
 MIN_INPUT_SIZE = 32
 NUM_STAGES = 4
 
@@ -34,10 +37,9 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
 # Row chunks. glibc serves every allocation above 32 MiB with a fresh mmap(), so each such tensor pays a page
 # fault per 4 KiB page on first touch (~10 ms for a 38 MiB map on this CPU: more than the math of an
 # elementwise op over it). The widest activations, the 4-8x hidden layers of the MLP / inverted residual at
-# stride 4 and 8, are computed in row chunks of about ROW_CHUNK_BYTES, which the heap recycles instead.
+# stride 4 and 8, are computed in row chunks of about LIMITS.row_chunk_bytes, which the heap recycles instead.
 # Measured: HAT-Net-S's stride-4 inverted residual at 448x672, fwd+bwd, 1.5x faster. Exact: each chunk
 # carries `halo` rows of context for the depthwise conv, cropped after it.
-ROW_CHUNK_BYTES = 8 * 2 ** 20
 
 
 class _OverlappingRows(torch.autograd.Function):
@@ -61,13 +63,14 @@ class _OverlappingRows(torch.autograd.Function):
 
 def map_row_chunks(fn, x: torch.Tensor, halo: int, hidden_channels: int) -> torch.Tensor:
     """``fn(x)``, computed over row chunks of x when fn's widest intermediate (``hidden_channels`` at x's
-    resolution) is above 2 * ROW_CHUNK_BYTES on CPU. fn must be row-local: stride 1, every output row
-    depending on at most ``halo`` input rows each side, zero padding at the map's borders (a k x k conv
+    resolution) is above 2 * LIMITS.row_chunk_bytes on CPU with fast paths on. fn must be row-local: stride 1,
+    every output row depending on at most ``halo`` input rows each side, zero padding at the map's borders (a k x k conv
     with padding k // 2 and pointwise ops)."""
     hidden_bytes = hidden_channels * x.numel() // x.shape[1] * x.element_size()
     n_rows = x.shape[2]
-    chunks = min(n_rows, -(-hidden_bytes // ROW_CHUNK_BYTES))
-    if x.device.type != "cpu" or hidden_bytes <= 2 * ROW_CHUNK_BYTES or chunks < 2:
+    chunks = min(n_rows, -(-hidden_bytes // LIMITS.row_chunk_bytes))
+    if not _fast_paths.enabled() or x.device.type != "cpu" or hidden_bytes <= 2 * LIMITS.row_chunk_bytes \
+            or chunks < 2:
         return fn(x)
     step = -(-n_rows // chunks)
     rows = [(start, min(start + step, n_rows)) for start in range(0, n_rows, step)]

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import _fast_paths
 from ._attention import attention
 from ._common import (
     NUM_STAGES,
@@ -28,6 +29,7 @@ from ._common import (
     nhwc,
     resolve_arch,
 )
+from ._fast_paths import LIMITS
 
 # The released variants (official ``stvit_small/base/large``).
 ARCHS = {
@@ -116,11 +118,6 @@ class _MlpTail(torch.autograd.Function):
 
 
 class Mlp(nn.Module):
-    # Hidden activations of at least this many elements (32 MiB in fp32) are recomputed in backward
-    # (``_MlpTail``): at 800x1344 that is stages 0 and 1, which hold most of the activation memory; at
-    # 448x672 and below nothing is recomputed (full speed). 0 = always, a huge value = never.
-    recompute_numel = 2 ** 23
-
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.fc1 = nn.Conv2d(dim, hidden, 1)
@@ -130,8 +127,10 @@ class Mlp(nn.Module):
 
     def forward(self, x):
         hidden_numel = self.fc1.out_channels * x.numel() // x.shape[1]
-        recompute = hidden_numel >= self.recompute_numel and torch.is_grad_enabled() \
-            and not torch.is_autocast_enabled() and self.act1.approximate == "none"
+        # Hidden activations of at least LIMITS.mlp_recompute_numel elements (32 MiB in fp32) are recomputed in
+        # backward (``_MlpTail``): at 800x1344 that is stages 0 and 1, which hold most of the activation memory.
+        recompute = _fast_paths.enabled() and hidden_numel >= LIMITS.mlp_recompute_numel \
+            and torch.is_grad_enabled() and not torch.is_autocast_enabled() and self.act1.approximate == "none"
         halo = self.conv.conv.padding[0]  # rows of context the depthwise conv reads each side
         return map_row_chunks(partial(self._row_local, recompute=recompute), x, halo, self.fc1.out_channels)
 

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from backbones import _attention, _common
+import backbones
 
 from ._tools import load_tool
 
@@ -34,7 +34,7 @@ def test_compare_times_every_baseline_and_counts_the_model_math():
     assert ours['speedup_vs_reference'] == pytest.approx(ref['seconds'] / ours['seconds'])
     assert rows['swin-t']['params_m'] == pytest.approx(27.5, abs=0.5)  # mmdet's Swin-T backbone
     # counting switched the CPU-only kernels off only while counting
-    assert _attention._onednn_linear is not None and _common.ROW_CHUNK_BYTES < 2 ** 40
+    assert backbones.fast_paths_enabled()
 
 
 def test_peak_memory_is_measured_in_a_child_process():

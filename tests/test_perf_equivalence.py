@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backbones import STViT
+from backbones import STViT, fast_paths
 from backbones.stvit import Mlp, _fold3x3, _MlpTail, _unfold3x3
 from tests.reference_impl import _fold, _unfold, as_reference, outputs_and_grads
 from tests.test_backbones import STVIT_T
@@ -17,15 +17,16 @@ def _plain_mlp(m: Mlp, x):
 
 
 @pytest.mark.parametrize("frozen", [False, True])
-def test_mlp_tail_equals_plain(frozen, monkeypatch):
-    monkeypatch.setattr(Mlp, "recompute_numel", 0)  # always take the recomputing path
+def test_mlp_tail_equals_plain(frozen):
     torch.manual_seed(0)
     m = Mlp(16, 64)
     if frozen:
         m.conv.requires_grad_(False)
     x = torch.randn(2, 16, 9, 11).contiguous(memory_format=torch.channels_last).requires_grad_()
     params = [p for p in m.parameters() if p.requires_grad]
-    y, y_ref = m(x), _plain_mlp(m, x)
+    with fast_paths(True, mlp_recompute_numel=0):  # always take the recomputing path
+        y = m(x)
+    y_ref = _plain_mlp(m, x)
     assert_close(y, y_ref, "mlp out")
     g = torch.randn_like(y)
     for a, b in zip(torch.autograd.grad(y, [x] + params, g), torch.autograd.grad(y_ref, [x] + params, g)):
@@ -51,14 +52,14 @@ def test_unfold_fold_equal_identity_kernel_convs():
 
 @pytest.mark.parametrize("recompute", [True, False])
 @pytest.mark.parametrize("with_cp", [False, True])
-def test_stvit_train_step_equals_reference(recompute, with_cp, monkeypatch):
+def test_stvit_train_step_equals_reference(recompute, with_cp):
     """Whole model, train mode (BatchNorm batch statistics), both MLP paths, with and without checkpointing."""
-    monkeypatch.setattr(Mlp, "recompute_numel", 0 if recompute else 2 ** 62)
     torch.manual_seed(0)
     arch = {**STVIT_T, "stoken_size": [4, 2, 2, 1]}
     model = STViT(arch, with_cp=with_cp).train()
     ref = as_reference(model)
-    outs, ref_outs, grads = outputs_and_grads(model, ref, torch.randn(2, 3, 72, 100))
+    with fast_paths(True, mlp_recompute_numel=0 if recompute else 2 ** 62):
+        outs, ref_outs, grads = outputs_and_grads(model, ref, torch.randn(2, 3, 72, 100))
     for i, (a, b) in enumerate(zip(outs, ref_outs)):
         assert_close(a, b, f"stage {i}")
     for n, g, ref_g in grads:
@@ -82,13 +83,17 @@ def test_channels_last_is_an_internal_detail():
 @pytest.mark.parametrize("chunked", [False, True])
 # 257 queries: the last chunk is one row (its probabilities are a (1, N_k) matrix read transposed by oneDNN)
 @pytest.mark.parametrize("shape", [(2, 3, 300, 300, 16), (1, 2, 1000, 260, 32), (1, 2, 257, 260, 16)])
-def test_onednn_attention_equals_sdpa(shape, chunked, monkeypatch):
+def test_onednn_attention_equals_sdpa(shape, chunked):
     """The CPU oneDNN attention kernels (kept probabilities / query chunks with recomputation): same outputs
     and q/k/v gradients as SDPA, on strided views as in the models."""
+    # chunked: several chunks of 64 queries, and the dispatch picks the chunked kernel
+    limits = dict(attention_max_probs_bytes=0, attention_chunk_bytes=64 * 4 * 300) if chunked else {}
+    with fast_paths(True, **limits):
+        _check_onednn_attention(shape, chunked)
+
+
+def _check_onednn_attention(shape, chunked):
     from backbones import _attention
-    if chunked:  # several chunks of 64 queries, and the dispatch picks the chunked kernel
-        monkeypatch.setattr(_attention, "MAX_PROBS_BYTES", 0)
-        monkeypatch.setattr(_attention, "CHUNK_BYTES", 64 * 4 * 300)
     B, nh, n_q, n_k, d = shape
     torch.manual_seed(0)
     qkv = torch.randn(B, n_q, 3, nh, d).permute(2, 0, 3, 1, 4)  # strided (B, heads, N, d) views
@@ -124,7 +129,6 @@ def test_attention_dispatch():
 def test_row_chunked_hidden_layers_are_exact(family, kernel, monkeypatch):
     """The row-chunked MLP / inverted residual (halo rows for the depthwise conv) computes what the whole map
     computes: outputs and gradients of input and parameters, including the first/last rows and odd heights."""
-    from backbones import _common
     from backbones.hatnet import InvertedResidual
     torch.manual_seed(0)
     m = InvertedResidual(8, 32, kernel) if family == "hatnet" else Mlp(8, 32)
@@ -133,8 +137,8 @@ def test_row_chunked_hidden_layers_are_exact(family, kernel, monkeypatch):
     calls = []
     row_local = m._row_local
     monkeypatch.setattr(m, "_row_local", lambda t, **kw: calls.append(t.shape[2]) or row_local(t, **kw))
-    monkeypatch.setattr(_common, "ROW_CHUNK_BYTES", 2 * 32 * 10 * 4 * 3)  # ~3 rows per chunk
-    chunked = m(x)
+    with fast_paths(True, row_chunk_bytes=2 * 32 * 10 * 4 * 3):  # ~3 rows per chunk
+        chunked = m(x)
     assert len(calls) >= 6 and max(calls) <= 3 + 2 * (kernel // 2) + 1
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
     g = torch.randn_like(whole)

@@ -80,18 +80,12 @@ def count_gmacs(model, x) -> float:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from backbones import _attention, _common
+    from backbones import fast_paths
     model.eval()
-    # The counter knows aten ops only: attention goes through SDPA's math backend (the matmuls it is) instead
-    # of the oneDNN kernels or the CPU flash kernel, and maps are not cut into row chunks (whose halo rows
-    # are an implementation cost, not the model's).
-    saved = _attention._onednn_linear, _common.ROW_CHUNK_BYTES
-    _attention._onednn_linear, _common.ROW_CHUNK_BYTES = None, 2 ** 62
-    try:
-        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-            model(x)
-    finally:
-        _attention._onednn_linear, _common.ROW_CHUNK_BYTES = saved
+    # The counter knows aten ops only: the model runs its plain path (no oneDNN kernels the counter cannot see,
+    # no row chunks whose halo rows are an implementation cost, not the model's), and SDPA its math backend.
+    with fast_paths(False), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(x)
     return counter.get_total_flops() / 2e9
 
 
