@@ -1,37 +1,27 @@
-"""Export the backbone of a trained detector / segmentor for sharing: ``pth``, ``safetensors`` or the
-official classification layout (``tools/export_backbone.py`` is the command line).
-
-Inputs are our Lightning checkpoints (``state_dict`` keys ``model.backbone.*``, plus Lightning's training
-state) and mm-format checkpoints (``{'state_dict': {'backbone.*': ...}, 'meta': ...}``), always read through
-``read_checkpoint`` (``weights_only`` with an allow-list). The pure parts (state dict -> file formats, meta,
-tensor hash, official key layout, atomic writes) need torch only; reading an mmengine config imports
-mmengine lazily.
+"""A backbone's export formats: ``pth``, ``safetensors`` and the official classification layout, each with a
+meta (family, arch, provenance, sha256 of the tensors). Pure PyTorch: reading training checkpoints and configs
+to find the tensors is ``tasks/export.py``'s job (``tools/export_backbone.py`` is the command line).
 
 Every file is written to a temp file in the target's directory, fsynced and ``os.replace``-d, and the same
 input always gives the same bytes (sorted keys, no timestamps, each tensor in its own storage).
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import math
 import os
-import pprint
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import torch
 
-from .atomic import atomic_write  # noqa: F401  (re-exported: export's public helpers)
-from .pretrained import SAFETENSORS_META_KEY, CheckpointError, detect_family, read_checkpoint
+from .atomic import atomic_write
+from .pretrained import SAFETENSORS_META_KEY, CheckpointError, read_checkpoint
 
 FORMATS = ("pth", "safetensors", "official")
 EXTENSIONS = {"pth": (".pth", ".pt"), "official": (".pth", ".pt"), "safetensors": (".safetensors",)}
 EXPORT_VERSION = 1
-# backbone config ``type`` -> (family, class name in this package)
-BACKBONE_TYPES = {"STViT": "stvit", "HATNet": "hatnet"}
 # official keys with no counterpart in our backbones (the classification head): left out, for the user to fill
 OFFICIAL_HEAD_PATTERNS = {"stvit": (r"^proj\.", r"^norm\.", r"^head\."), "hatnet": (r"^classifier\.",)}
 _IDENTITY_KERNEL_SHAPE = (9, 1, 3, 3)  # the official STViT Unfold/Fold: torch.eye(9).reshape(9, 1, 3, 3)
@@ -100,17 +90,24 @@ def official_state_dict(sd: Mapping[str, torch.Tensor], family: str) -> dict[str
     return canonical_state_dict(out)
 
 
-def _plain(obj):
-    """Meta -> JSON types only (tensors / numpy scalars -> numbers, tuples -> lists, sorted dict keys)."""
+def plain_meta(obj, for_json: bool = True):
+    """Metadata -> plain Python types, the one sanitiser of every meta we write (exports, mm checkpoints).
+
+    Tensors and numpy values become numbers or lists, dict keys strings in sorted order (reproducible files),
+    anything else its ``str``. ``for_json=True``: JSON types only (tuples -> lists, NaN / inf -> None), so that
+    a .pth meta equals the safetensors one read back from JSON. ``for_json=False``: the types
+    ``torch.load(weights_only=True)`` reads, tuples and non-finite floats kept (mm's ``dataset_meta`` has tuples).
+    """
     if isinstance(obj, Mapping):
-        return {str(k): _plain(obj[k]) for k in sorted(obj, key=str)}
+        return {str(k): plain_meta(obj[k], for_json) for k in sorted(obj, key=str)}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        items = [plain_meta(v, for_json) for v in obj]
+        return tuple(items) if isinstance(obj, tuple) and not for_json else items
     if isinstance(obj, torch.Tensor):
-        obj = obj.item() if obj.numel() == 1 else obj.tolist()
+        return plain_meta(obj.item() if obj.numel() == 1 else obj.tolist(), for_json)
     if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy scalars / arrays
-        obj = obj.tolist()
-    if isinstance(obj, float) and not math.isfinite(obj):
+        return plain_meta(obj.tolist(), for_json)
+    if isinstance(obj, float) and not math.isfinite(obj) and for_json:
         return None
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
@@ -130,237 +127,36 @@ def save_safetensors(sd: Mapping[str, torch.Tensor], meta: dict, path: str | os.
     atomic_write(path, lambda f: f.write(data))
 
 
-# --- reading training checkpoints ------------------------------------------------------------------------
-@dataclass
-class TrainingCheckpoint:
-    """A trained model's weights and provenance, from a Lightning or mm-format checkpoint."""
+# --- a backbone's export ----------------------------------------------------------------------------
+def save_backbone(sd: Mapping[str, torch.Tensor], model: torch.nn.Module, out: str | os.PathLike,
+                  fmt: str | None = None, provenance: Mapping | None = None) -> dict:
+    """Write a backbone's tensors to ``out`` in ``fmt`` with their meta; returns the meta that was recorded.
 
-    path: str
-    kind: str  # 'lightning' | 'mm'
-    state_dict: dict  # the mm model's tensors, keys without Lightning's 'model.' prefix
-    step: int | None = None
-    epoch: int | None = None
-    metrics: dict = field(default_factory=dict)  # last validation metrics
-    metrics_source: str = "none"
-    best: dict = field(default_factory=dict)  # ModelCheckpoint's best score: {'monitor', 'score'}
-    config_text: str | None = None  # the training config, when the checkpoint carries it
-    meta: dict = field(default_factory=dict)  # an mm checkpoint's own meta
+    Args:
+        sd: the tensors to write, backbone-relative keys, already checked against ``model`` (e.g. with
+            ``backbones.pretrained.state_dict_diff``); ``model.state_dict()`` for a backbone in memory.
+        model: the STViT / HATNet they belong to: family, arch, out_indices and norm_out go into the meta.
+        out: the file to write (atomically).
+        fmt: 'pth', 'safetensors' or 'official'; None: from the extension of ``out``.
+        provenance: more meta entries (where the tensors come from: checkpoint, config, step, metrics...).
 
-
-# Where a Lightning checkpoint may carry the training config (text or plain dict) and the metrics.
-_CONFIG_KEYS = ("mm_config", "cfg", "config")
-_METRICS_KEYS = ("val_metrics", "metrics")
-
-
-def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
-    path = os.fspath(path)
-    obj, _ = read_checkpoint(path)
-    if not isinstance(obj, Mapping) or not isinstance(obj.get("state_dict"), Mapping):
-        found = sorted(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__
-        raise CheckpointError(f"{path!r} is not a Lightning or mm-format checkpoint: expected a 'state_dict' entry "
-                              f"(top-level entries: {found}). To re-export a backbone file, load it with "
-                              "backbones.load_pretrained instead.")
-    sd = {k: v for k, v in obj["state_dict"].items() if isinstance(v, torch.Tensor)}
-    if "pytorch-lightning_version" in obj or (sd and all(k.startswith("model.") for k in sd)):
-        return _read_lightning(path, obj, sd)
-    meta = dict(obj.get("meta") or {})
-    sd = {k.removeprefix("module."): v for k, v in sd.items()}
-    metrics = meta.get("metrics") if isinstance(meta.get("metrics"), Mapping) else {}
-    return TrainingCheckpoint(path, "mm", sd, step=meta.get("iter", meta.get("step")), epoch=meta.get("epoch"),
-                              metrics=dict(metrics), metrics_source="checkpoint meta['metrics']" if metrics
-                              else "none", config_text=meta.get("cfg") if isinstance(meta.get("cfg"), str)
-                              else None, meta=meta)
-
-
-def _read_lightning(path: str, obj: Mapping, sd: dict) -> TrainingCheckpoint:
-    ckpt = TrainingCheckpoint(path, "lightning", {k.removeprefix("model."): v for k, v in sd.items()
-                                                  if k.startswith("model.")},
-                              step=obj.get("global_step"), epoch=obj.get("epoch"))
-    hparams = obj.get("hyper_parameters") if isinstance(obj.get("hyper_parameters"), Mapping) else {}
-    for where in (obj, hparams):
-        for key in _CONFIG_KEYS:
-            value = where.get(key)
-            if isinstance(value, str):
-                ckpt.config_text = value
-            elif isinstance(value, Mapping):
-                ckpt.config_text = _config_text_from_dict(value)
-            if ckpt.config_text:
-                break
-        if ckpt.config_text:
-            break
-    for key in _METRICS_KEYS:
-        if isinstance(obj.get(key), Mapping) and obj[key]:
-            ckpt.metrics, ckpt.metrics_source = _plain(obj[key]), f"checkpoint[{key!r}]"
-            break
-    for name, state in (obj.get("callbacks") or {}).items():
-        if not (str(name).startswith("ModelCheckpoint") and isinstance(state, Mapping) and state.get("monitor")):
-            continue
-        monitor = state["monitor"]
-        if state.get("best_model_score") is not None:
-            ckpt.best = {"monitor": monitor, "score": _plain(state["best_model_score"])}
-        if not ckpt.metrics and state.get("current_score") is not None:
-            ckpt.metrics = {monitor: _plain(state["current_score"])}
-            ckpt.metrics_source = "ModelCheckpoint current_score (monitored metric only)"
-    return ckpt
-
-
-def _config_text_from_dict(d: Mapping) -> str:
-    from mmengine.config import Config
-    return config_text(Config(dict(d)))
-
-
-# --- configs ---------------------------------------------------------------------------------------------
-def resolve_config(ckpt: TrainingCheckpoint, config: str | os.PathLike | None = None):
-    """The training config: ``config`` (a file) if given, else the one stored in the checkpoint.
-
-    Returns (mmengine Config, {'source', 'path', 'text'}).
+    The meta holds JSON types only, the same in every format.
     """
-    from mmengine.config import Config
-    if config is not None:
-        config = os.fspath(config)
-        if not os.path.isfile(config):
-            raise ExportError(f"Config file not found: {config!r}.")
-        cfg = Config.fromfile(config)
-        info = {"source": "file", "path": config}
-    elif ckpt.config_text:
-        cfg = Config(config_from_text(ckpt.config_text, ckpt.path))
-        info = {"source": "checkpoint", "path": None}
-    else:
-        here = os.path.dirname(os.path.abspath(ckpt.path))
-        candidates = sorted(f for f in os.listdir(here) if f.endswith(".py"))
-        hint = (f" tools/train.py saved a copy of the training config next to it: "
-                f"{', '.join(os.path.join(here, c) for c in candidates)}." if candidates else "")
-        raise ExportError(f"{ckpt.path!r} does not record its config (the backbone's family and arch come from "
-                          f"it): pass --config CONFIG, the config the model was trained with.{hint}")
-    info["text"] = config_text(cfg)
-    return cfg, info
-
-
-def config_from_text(text: str, source: str) -> dict:
-    """Read a config stored in a checkpoint WITHOUT running it: only ``key = literal`` statements.
-
-    A config file is Python and executing one from an untrusted checkpoint would run its code, so anything
-    but plain literals (calls, imports, expressions) is refused and the user is asked for ``--config``.
-    """
-    try:
-        tree = ast.parse(text, mode="exec")
-        out = {}
-        for stmt in tree.body:
-            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                    and isinstance(stmt.targets[0], ast.Name)):
-                raise ValueError(f"line {stmt.lineno} is not a plain `key = value` assignment")
-            out[stmt.targets[0].id] = ast.literal_eval(stmt.value)
-        return out
-    except (SyntaxError, ValueError) as e:
-        raise ExportError(f"The config stored in {source!r} is not plain literals ({e}); it is not executed. "
-                          "Pass --config CONFIG, the config the model was trained with.") from e
-
-
-def config_text(cfg) -> str:
-    """The resolved config as Python source that ``Config.fromstring(text, '.py')`` reads back.
-
-    One ``key = literal`` per top-level entry (pprint, no yapf: ``Config.pretty_text`` takes a second or
-    more); configs holding non-literal values (lazy-import configs) fall back to ``pretty_text``.
-    """
-    lines = []
-    for key, value in cfg.to_dict().items():
-        text = pprint.pformat(value, width=110, sort_dicts=False)
-        try:
-            ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return cfg.pretty_text
-        lines.append(f"{key} = {text}")
-    return "\n".join(lines) + "\n"
-
-
-def backbone_config(cfg) -> tuple[str, dict]:
-    """(family, backbone kwargs) from ``cfg.model.backbone``."""
-    model = cfg.get("model") or {}
-    bcfg = model.get("backbone") if isinstance(model, Mapping) else None
-    if not isinstance(bcfg, Mapping) or "type" not in bcfg:
-        raise ExportError("The config has no model.backbone with a 'type': cannot tell which backbone to export.")
-    bcfg = bcfg.to_dict() if hasattr(bcfg, "to_dict") else dict(bcfg)
-    type_name = str(bcfg["type"]).rpartition(".")[2]
-    if type_name not in BACKBONE_TYPES:
-        raise ExportError(f"model.backbone.type is {bcfg['type']!r}; only {sorted(BACKBONE_TYPES)} backbones can "
-                          "be exported.")
-    return BACKBONE_TYPES[type_name], bcfg
-
-
-def build_backbone(family: str, bcfg: Mapping):
-    """The pure backbone (no weights loaded) described by a ``model.backbone`` config."""
-    from . import hatnet, stvit
-    cls = stvit.STViT if family == "stvit" else hatnet.HATNet
-    kwargs = {k: v for k, v in bcfg.items() if k not in ("type", "init_cfg", "pretrained")}
-    return cls(**kwargs)
-
-
-def backbone_tensors(model_sd: Mapping[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
-    """The ``backbone.*`` tensors of a detector / segmentor state dict, with backbone-relative keys."""
-    sd = {k[len("backbone."):]: v for k, v in model_sd.items() if k.startswith("backbone.")}
-    if not sd:
-        prefixes = sorted({k.split(".")[0] + "." for k in model_sd})[:8]
-        raise CheckpointError(f"{source} holds no backbone: none of its {len(model_sd)} model tensors sit under "
-                              f"'backbone.' (their keys start with {prefixes}).")
-    return sd
-
-
-def check_against_backbone(sd: Mapping[str, torch.Tensor], model, source: str) -> None:
-    """The tensors must be exactly the built backbone's state dict: same keys, same shapes."""
-    own = model.state_dict()
-    fam = detect_family(sd)
-    if fam not in (None, model.family):
-        raise CheckpointError(f"{source} holds a {fam} backbone, but the config describes {type(model).__name__}.")
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
-    mismatched = [f"{k}: checkpoint {tuple(sd[k].shape)} vs config {tuple(own[k].shape)}"
-                  for k in sorted(set(sd) & set(own)) if sd[k].shape != own[k].shape]
-    if missing or unexpected or mismatched:
-        raise CheckpointError(
-            f"The backbone in {source} does not match the config's model.backbone ({type(model).__name__}, "
-            f"arch {model.arch}): missing {len(missing)} {missing[:4]}, unexpected {len(unexpected)} "
-            f"{unexpected[:4]}, shape mismatches {len(mismatched)} {mismatched[:3]}. Pass the config the model "
-            "was trained with (--config).")
-
-
-# --- export ----------------------------------------------------------------------------------------------
-def backbone_meta(family: str, model, bcfg: Mapping, ckpt: TrainingCheckpoint, config_info: Mapping,
-                  sd: Mapping[str, torch.Tensor], fmt: str) -> dict:
-    meta = {
+    out = os.fspath(out)
+    fmt = resolve_format(out, fmt)
+    sd = official_state_dict(sd, model.family) if fmt == "official" else canonical_state_dict(sd)
+    meta = plain_meta({
+        **(provenance or {}),
         "export_version": EXPORT_VERSION,
         "format": fmt,
-        "family": family,
+        "family": model.family,
         "arch": model.arch,
         "out_indices": list(model.out_indices),
         "norm_out": bool(getattr(model, "norm_out", False)),
-        "backbone_cfg": {k: v for k, v in bcfg.items() if k not in ("init_cfg", "pretrained")},
-        "source": {"checkpoint": ckpt.path, "kind": ckpt.kind},
-        "config": dict(config_info),
-        "step": ckpt.step,
-        "epoch": ckpt.epoch,
-        "metrics": ckpt.metrics,
-        "metrics_source": ckpt.metrics_source,
-        "best": ckpt.best,
         "num_tensors": len(sd),
         "num_params": int(sum(t.numel() for t in sd.values())),
         "sha256": tensor_sha256(sd),
-    }
-    return _plain(meta)
-
-
-def export_backbone(checkpoint: str | os.PathLike, out: str | os.PathLike, fmt: str | None = None,
-                    config: str | os.PathLike | None = None) -> dict:
-    """Write the backbone of ``checkpoint`` to ``out``; returns the meta that was recorded."""
-    out = os.fspath(out)
-    fmt = resolve_format(out, fmt)  # before any work: a wrong extension fails fast
-    ckpt = read_training_checkpoint(checkpoint)
-    sd = backbone_tensors(ckpt.state_dict, repr(ckpt.path))
-    cfg, config_info = resolve_config(ckpt, config)
-    family, bcfg = backbone_config(cfg)
-    model = build_backbone(family, bcfg)
-    check_against_backbone(sd, model, repr(ckpt.path))
-    sd = official_state_dict(sd, family) if fmt == "official" else canonical_state_dict(sd)
-    meta = backbone_meta(family, model, bcfg, ckpt, config_info, sd, fmt)
+    })
     if fmt == "safetensors":
         save_safetensors(sd, meta, out)
     elif fmt == "official":

@@ -8,7 +8,7 @@ import logging
 import os
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +46,44 @@ class LoadReport:
 
 def _summary(keys: list[str], n: int = 6) -> str:
     return ", ".join(keys[:n]) + (f", ... (+{len(keys) - n})" if len(keys) > n else "")
+
+
+@dataclass
+class StateDictDiff:
+    """How a state dict differs from the one a model expects (see ``state_dict_diff``)."""
+
+    missing: list[str] = field(default_factory=list)  # expected, absent from the given tensors
+    unexpected: list[str] = field(default_factory=list)  # given, unknown to the model
+    mismatched: list[str] = field(default_factory=list)  # 'key: checkpoint (shape) vs model (shape)'
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.unexpected or self.mismatched)
+
+    def __str__(self) -> str:
+        parts = [f"{what} ({len(keys)}): {_summary(keys, n)}" for what, keys, n in (
+            ("Missing keys", self.missing, 6), ("Unexpected keys", self.unexpected, 6),
+            ("Shape mismatches", self.mismatched, 3)) if keys]
+        return ". ".join(parts) + "." if parts else "No differences."
+
+
+def state_dict_diff(given: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+                    optional: Callable[[str], bool] | None = None) -> StateDictDiff:
+    """Compare checkpoint tensors (``given``) with a model's ``state_dict()`` (``expected``): keys and shapes.
+
+    Args:
+        given: the tensors about to be loaded or written, by key.
+        expected: the model's own state dict.
+        optional: ``optional(key)`` is True for expected keys that may be absent from ``given`` (e.g. layers
+            the checkpoint cannot have); None: every expected key is required.
+
+    Returns a ``StateDictDiff``: false when the keys and shapes agree, else ``str(diff)`` names the missing and
+    unexpected keys and the shape mismatches, for an error message that the caller completes with the fix.
+    """
+    missing = [k for k in expected if k not in given and not (optional and optional(k))]
+    unexpected = [k for k in given if k not in expected]
+    mismatched = [f"{k}: checkpoint {tuple(given[k].shape)} vs model {tuple(expected[k].shape)}"
+                  for k in given if k in expected and given[k].shape != expected[k].shape]
+    return StateDictDiff(sorted(missing), sorted(unexpected), sorted(mismatched))
 
 
 # --- reading files -------------------------------------------------------------------------------------
@@ -225,19 +263,15 @@ def load_pretrained(model: nn.Module, checkpoint, prefix: str | None = None) -> 
                               f"{type(model).__name__}. Build the matching backbone type or pick another file.")
     sd, skipped = checkpoint_filter(sd, model)
     own = model.state_dict()
-    new_layers = [k for k in own if k.startswith("out_norms.")]
-    missing = [k for k in own if k not in sd and k not in new_layers and not k.endswith("num_batches_tracked")]
-    unexpected = [k for k in sd if k not in own]
-    mismatched = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
-                  for k in sd if k in own and sd[k].shape != own[k].shape]
-    if missing or unexpected or mismatched:
+    # new layers (output norms) and BN step counters keep the model's own values when the checkpoint lacks them
+    diff = state_dict_diff(sd, own, optional=lambda k: k.startswith("out_norms.")
+                           or k.endswith("num_batches_tracked"))
+    if diff:
         ours = _variant_name(arch_signature(own, family), family)
         theirs = _variant_name(arch_signature(sd, family), family)
-        hint = f" The checkpoint looks like {theirs}, the model is {ours}." if theirs != ours else ""
-        raise CheckpointError(
-            f"Checkpoint {source} does not fit this {type(model).__name__}.{hint} "
-            f"Missing keys ({len(missing)}): {_summary(missing)}. Unexpected keys ({len(unexpected)}): "
-            f"{_summary(unexpected)}. Shape mismatches ({len(mismatched)}): {_summary(mismatched, 3)}.")
+        hint = (f" The checkpoint looks like {theirs}, the model is {ours}: build the model with the checkpoint's "
+                "arch, or pick a checkpoint of this variant." if theirs != ours else "")
+        raise CheckpointError(f"Checkpoint {source} does not fit this {type(model).__name__}.{hint} {diff}")
     with torch.no_grad():
         for k, v in sd.items():
             own[k].copy_(v)  # state_dict() tensors share storage with the module's parameters and buffers

@@ -15,7 +15,6 @@ allow-list, so a crafted checkpoint cannot run code when ``--resume`` / ``tools/
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any
 
@@ -26,12 +25,12 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from backbones.atomic import atomic_write
+from backbones.export import plain_meta
 
 
 def write_json(path: str | os.PathLike, obj: dict) -> None:
-    """Atomic JSON write; non-finite floats become null (JSON has no NaN)."""
-    clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in obj.items()}
-    text = json.dumps(clean, indent=2, sort_keys=True) + '\n'
+    """Atomic JSON write; non-finite floats become null (JSON has no NaN), at any depth."""
+    text = json.dumps(plain_meta(obj), indent=2, sort_keys=True) + '\n'
     atomic_write(path, lambda f: f.write(text.encode()))
 
 

@@ -1,10 +1,12 @@
-"""Config loading shared by tools/train.py and tools/test.py."""
+"""Config loading shared by tools/train.py and tools/test.py, and the config text stored in checkpoints."""
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
 import os.path as osp
+import pprint
 import re
 
 from mmengine.config import Config
@@ -39,7 +41,27 @@ def register_scope(scope: str) -> None:
     init_default_scope(scope)
 
 
+def config_text(cfg: Config) -> str:
+    """The resolved config as Python source that ``Config.fromstring(text, '.py')`` reads back.
+
+    One ``key = literal`` per top-level entry, formatted by pprint: ``Config.pretty_text`` runs yapf, which is
+    slow on a whole detector config and would run at every checkpoint. Configs holding non-literal values
+    (lazy-import configs) fall back to ``pretty_text``.
+    Checkpoints store it (``mm_config``), and the export tools read it back as literals, never executing it.
+    """
+    lines = []
+    for key, value in cfg.to_dict().items():
+        text = pprint.pformat(value, width=110, sort_dicts=False)
+        try:
+            ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return cfg.pretty_text
+        lines.append(f'{key} = {text}')
+    return '\n'.join(lines) + '\n'
+
+
 def default_work_dir(cfg: Config, config_path: str | os.PathLike) -> str:
+    """``cfg.work_dir`` if set, else ``work_dirs/<config name>`` (mmengine's convention)."""
     return cfg.get('work_dir') or osp.join('work_dirs', osp.splitext(osp.basename(config_path))[0])
 
 

@@ -1,7 +1,7 @@
-"""Backbone and model export (tools/export_backbone.py, tools/export_model.py, backbones/export.py), end to
-end on CPU: train two steps on the tiny data, export in every format, load the exports back through
-``init_cfg=dict(type='Pretrained')``, an official-layout stand-in model, mmdet's ``init_detector`` and mmseg's
-``init_model``, and check the errors that name the problem."""
+"""Backbone and model export (tools/export_backbone.py, tools/export_model.py, tasks/export.py,
+backbones/export.py), end to end on CPU: train two steps on the tiny data, export in every format, load the
+exports back through ``init_cfg=dict(type='Pretrained')``, an official-layout stand-in model, mmdet's
+``init_detector`` and mmseg's ``init_model``, and check the errors that name the problem."""
 
 import argparse
 import json
@@ -18,7 +18,8 @@ from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 sys.path.insert(0, REPO)
 
 from backbones import CheckpointError, HATNet, STViT, load_pretrained  # noqa: E402
-from backbones.export import ExportError, export_backbone, read_export, tensor_sha256, verify_export  # noqa: E402
+from backbones.export import ExportError, read_export, tensor_sha256, verify_export  # noqa: E402
+from tasks.export import export_backbone  # noqa: E402
 
 EYE = torch.eye(9).reshape(9, 1, 3, 3)
 

@@ -277,10 +277,10 @@ def test_evil_checkpoint_refused_by_train_resume(evil, tmp_path):
 def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
     from mmengine.runner import load_checkpoint
 
-    from backbones.export import export_backbone
     from backbones.pretrained import CheckpointError
     from tasks import build_task
     from tasks.config import load_config
+    from tasks.export import export_backbone
     path, marker = evil
     cfg = load_config(SEG_CFG)
     cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=str(path))

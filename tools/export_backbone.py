@@ -25,8 +25,9 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout, uninstalled
 
-from backbones.export import FORMATS, ExportError, export_backbone  # noqa: E402
+from backbones.export import FORMATS, ExportError  # noqa: E402
 from backbones.pretrained import CheckpointError  # noqa: E402
+from tasks.export import export_backbone  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
