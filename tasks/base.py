@@ -10,62 +10,60 @@ Non-finite losses: the top-level config key ``nonfinite_loss`` says what a NaN /
 terms; the checkpoints on disk are from before that step. ``'skip'`` skips the step (no backward, no
 optimizer step; the LR schedule still advances), warns, and logs the running count as
 ``train/skipped_nonfinite``. Under DDP the ranks agree (one all-reduce of a flag per step), so all skip
-or all stop together. A checkpoint is never written from non-finite weights (``on_save_checkpoint`` raises).
+or all stop together.
 
-Checkpoints also hold every rank's torch / numpy / ``random`` RNG states, restored when training resumes,
-so that with the resumable train loader (tasks/data.py) a resumed run repeats an uninterrupted one.
+State that is not the task's own lives in Lightning callbacks (tasks/callbacks.py, added by
+``tasks.trainer.build_trainer``): the RNG states saved in checkpoints and restored on resume, BatchNorm
+buffers averaged over DDP ranks before evaluation, and the refusal to write a checkpoint from non-finite
+weights.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import random
 
 import lightning as L
-import numpy as np
 import torch
 import torch.distributed as dist
 from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
+from mmengine.optim.scheduler.param_scheduler import _ParamScheduler
+from mmengine.registry import Registry
+from torch.optim import Optimizer
+from torchmetrics import Metric
 
-from .config import build_from_registry, register_scope
+from .callbacks import world_size
+from .config import build_from_registry, config_text, register_scope
 from .optim import build_optimizer, build_schedulers
 
 log = logging.getLogger(__name__)
 NONFINITE_MODES = ('raise', 'skip')
 
 
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def rng_states() -> dict:
-    """This process's RNG states as types ``torch.load(weights_only=True)`` accepts."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    states = {'torch': torch.get_rng_state(), 'python': random.getstate(),
-              'numpy': [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)]}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states['cuda'] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict) -> None:
-    torch.set_rng_state(states['torch'])
-    version, internal, gauss = states['python']
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = states['numpy']
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if 'cuda' in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states['cuda'])
-
-
 class MMTaskModule(L.LightningModule):
-    """Subclasses set ``scope`` and implement ``build_evaluator``."""
+    """An mm model (``cfg.model``) trained, validated and tested by Lightning.
+
+    Subclasses set ``scope`` (``'mmdet'`` / ``'mmseg'``) and implement ``models_registry`` and
+    ``build_evaluator``.
+
+    Args:
+        cfg: the mmengine config (a ``Config`` or a plain dict): ``model``, ``optim_wrapper``,
+            ``param_scheduler`` and the optional ``nonfinite_loss`` (``'raise'`` or ``'skip'``).
+        init_weights: run the model's ``init_weights()`` (pretrained backbones included), as mmengine's Runner
+            does; False when a checkpoint will overwrite every weight anyway.
+
+    Attributes:
+        model: the mm detector / segmentor (SyncBN reverted to BatchNorm; see below).
+        evaluator: the torchmetrics evaluator of ``build_evaluator``.
+        val_metrics: the last validation metrics (also stored in checkpoints as ``val_metrics``).
+        test_metrics: the metrics of the last ``trainer.test``.
+        skipped_nonfinite: steps skipped for a non-finite loss so far (``nonfinite_loss='skip'``).
+    """
 
     scope: str = ''
 
-    def __init__(self, cfg: Config | dict, *, init_weights: bool = True):
+    def __init__(self, cfg: Config | dict, *, init_weights: bool = True) -> None:
         super().__init__()
         self.cfg = cfg if isinstance(cfg, Config) else Config(cfg)
         register_scope(self.scope)
@@ -82,18 +80,19 @@ class MMTaskModule(L.LightningModule):
         if self.nonfinite_loss not in NONFINITE_MODES:
             raise ValueError(f'nonfinite_loss must be one of {NONFINITE_MODES}, got {self.nonfinite_loss!r}')
         self.skipped_nonfinite = 0
-        self._rng_to_restore = None
 
     # ---- subclass hooks -------------------------------------------------------------------------
     @staticmethod
-    def models_registry():
+    def models_registry() -> Registry:
+        """The mm registry that builds ``cfg.model`` (mmdet's or mmseg's ``MODELS``)."""
         raise NotImplementedError
 
-    def build_evaluator(self):
+    def build_evaluator(self) -> Metric:
+        """The torchmetrics evaluator fed with ``model.predict`` results."""
         raise NotImplementedError
 
     # ---- data ------------------------------------------------------------------------------------
-    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+    def transfer_batch_to_device(self, batch: dict, device: torch.device, dataloader_idx: int) -> dict:
         # The batch stays mm's pseudo-collated dict (lists of uint8 images and data samples); the
         # data_preprocessor moves it (see _preprocess), exactly as under mmengine's Runner.
         return batch
@@ -108,7 +107,7 @@ class MMTaskModule(L.LightningModule):
         return self.model.data_preprocessor(batch, training)
 
     # ---- steps -----------------------------------------------------------------------------------
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
         data = self._preprocess(batch, training=True)
         losses = self.model(**data, mode='loss')
         loss, log_vars = self.model.parse_losses(losses)
@@ -128,7 +127,7 @@ class MMTaskModule(L.LightningModule):
 
     def _nonfinite(self, loss: torch.Tensor) -> bool:
         flag = (~torch.isfinite(loss.detach())).any().float().reshape(1)
-        if _distributed():  # every rank must take the same branch, or DDP's gradient all-reduce desyncs
+        if world_size() > 1:  # every rank must take the same branch, or DDP's gradient all-reduce desyncs
             dist.all_reduce(flag)
         return bool(flag.item())
 
@@ -165,25 +164,6 @@ class MMTaskModule(L.LightningModule):
         self.evaluator.update(preds)
         return preds  # for callbacks (tasks/visualize.py)
 
-    def _sync_buffers(self) -> None:
-        # Under DDP, BatchNorm running statistics stay per rank (no broadcast_buffers, as in mmengine).
-        # Average them once before evaluating, as mmengine's SyncBuffersHook does, so that every rank
-        # evaluates - and the checkpoint written after validation holds - the same model.
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return
-        for buf in self.model.buffers():
-            if buf.is_floating_point():
-                dist.all_reduce(buf)  # SUM then divide: ReduceOp.AVG is NCCL-only
-                buf.div_(dist.get_world_size())
-            else:  # e.g. num_batches_tracked, equal on all ranks anyway
-                dist.broadcast(buf, src=0)
-
-    def on_validation_epoch_start(self) -> None:
-        self._sync_buffers()
-
-    def on_test_epoch_start(self) -> None:
-        self._sync_buffers()
-
     def _finish_eval(self) -> dict[str, float]:
         metrics = {k: float(v) for k, v in self.evaluator.compute().items()}  # gathers all ranks
         self.evaluator.reset()
@@ -203,39 +183,15 @@ class MMTaskModule(L.LightningModule):
         # The resolved config and the last validation metrics travel with the weights, as plain
         # strings and floats: every loader reads checkpoints with weights_only=True, which refuses
         # mmengine Config objects.
-        from backbones.export import config_text
         checkpoint['mm_config'] = config_text(self.cfg)
         checkpoint['val_metrics'] = dict(self.val_metrics)
-        params = [p for p in self.parameters()]
-        if params and not bool(torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()):
-            bad = [n for n, p in self.named_parameters() if not torch.isfinite(p.detach()).all()]
-            raise FloatingPointError(f'refusing to write a checkpoint at step {self.global_step}: non-finite '
-                                     f'weights in {bad[:5]}{" ..." if len(bad) > 5 else ""}; the previous '
-                                     'checkpoint is kept')
-        states = rng_states()
-        if _distributed():  # dump_checkpoint runs on every rank; rank 0 writes
-            gathered = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, states)
-            checkpoint['rng_states'] = gathered
-        else:
-            checkpoint['rng_states'] = [states]
         checkpoint['skipped_nonfinite'] = self.skipped_nonfinite
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        states = checkpoint.get('rng_states')
-        if states:
-            self._rng_to_restore = states[self.global_rank] if len(states) > self.global_rank else states[0]
         self.skipped_nonfinite = int(checkpoint.get('skipped_nonfinite', 0))
 
-    def on_train_start(self) -> None:
-        # Here rather than in on_load_checkpoint: nothing between this hook and the first resumed step
-        # draws random numbers (the train sampler has its own seeded generator).
-        if self._rng_to_restore is not None:
-            set_rng_states(self._rng_to_restore)
-            self._rng_to_restore = None
-
     # ---- optimisation ----------------------------------------------------------------------------
-    def configure_optimizers(self):
+    def configure_optimizers(self) -> tuple[list[Optimizer], list[dict]]:
         optimizer = build_optimizer(self.model, self.cfg.optim_wrapper)
         trainer = self.trainer
         schedulers = build_schedulers(optimizer, self.cfg.get('param_scheduler'),
@@ -248,7 +204,7 @@ class MMTaskModule(L.LightningModule):
         trainer.estimated_stepping_batches  # noqa: B018  (sets up the train loader: num_training_batches)
         return max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
 
-    def lr_scheduler_step(self, scheduler, metric) -> None:
+    def lr_scheduler_step(self, scheduler: _ParamScheduler, metric: torch.Tensor | None) -> None:
         # mmengine's _ParamScheduler is not a torch LRScheduler; Lightning calls this at the
         # configured interval ('step' after each optimizer step, 'epoch' after each train epoch).
         scheduler.step()

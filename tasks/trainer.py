@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
+from collections.abc import Iterable
 
 import lightning as L
 import torch
@@ -27,6 +28,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from mmengine.config import Config
 
+from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
 
 TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {'self'}
@@ -108,6 +110,8 @@ def trainer_kwargs(cfg: Config) -> dict:
 
 
 def checkpoint_callback(cfg: Config, work_dir: str) -> ModelCheckpoint:
+    """The ``ModelCheckpoint`` of the config's ``checkpoint_callback`` section, writing into ``work_dir``:
+    always ``last.ckpt`` (what ``--resume`` reads), and the best ones by ``monitor`` when it is set."""
     kwargs = dict(cfg.get('checkpoint_callback') or {})
     _check_keys('checkpoint_callback', kwargs, CHECKPOINT_KEYS)
     kwargs.setdefault('dirpath', work_dir)
@@ -122,15 +126,29 @@ def checkpoint_callback(cfg: Config, work_dir: str) -> ModelCheckpoint:
     return ModelCheckpoint(**kwargs)
 
 
-def build_trainer(cfg: Config, work_dir: str, callbacks=(), for_test: bool = False, **overrides) -> L.Trainer:
-    """Trainer with CSV + TensorBoard loggers and atomic checkpoints in ``work_dir``."""
+def build_trainer(cfg: Config, work_dir: str, callbacks: Iterable[L.Callback] = (), for_test: bool = False,
+                  **overrides) -> L.Trainer:
+    """Trainer with CSV + TensorBoard loggers and atomic checkpoints in ``work_dir``.
+
+    Args:
+        cfg: the mmengine config (``trainer``, ``checkpoint_callback``, ``checkpoint_every_n_steps``...).
+        work_dir: where checkpoints and logs go.
+        callbacks: extra Lightning callbacks, run before the ones added here.
+        for_test: a trainer for ``trainer.test`` only: no loggers (unless ``logger`` is overridden), no
+            checkpoints, no training-state callbacks.
+        overrides: ``lightning.Trainer`` keyword arguments that win over the config's.
+
+    Besides the checkpoint callbacks it adds the state that does not belong to the task module
+    (tasks/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for training.
+    """
     kwargs = trainer_kwargs(cfg)
     kwargs.update(overrides)
-    callbacks = list(callbacks)
+    callbacks = [*callbacks, SyncBuffers()]
     if for_test:
         kwargs.setdefault('logger', False)
         kwargs['enable_checkpointing'] = False
     else:
+        callbacks += [RNGStates(), FiniteWeightsGuard()]
         if kwargs.get('enable_checkpointing', True):
             callbacks.append(checkpoint_callback(cfg, work_dir))
             every = cfg.get('checkpoint_every_n_steps')

@@ -59,6 +59,9 @@ def test_train_writes_metrics_checkpoint_and_resumes(det_run, data_dir):
     assert ckpt['global_step'] == 2
     # LinearLR (by_epoch=False) stepped after each optimizer step, MultiStepLR after the epoch
     assert [s['_global_step'] for s in ckpt['lr_schedulers']] == [2, 1]
+    # the RNG states of tasks/callbacks.py's RNGStates, saved by Lightning with the callback states
+    (rng,) = ckpt['callbacks']['RNGStates']['per_rank']
+    assert {'torch', 'python', 'numpy'} <= set(rng) and rng['torch'].dtype == torch.uint8
     assert [p for p in os.listdir(work_dir) if p.endswith('.tmp')] == []  # no temp files left behind
     assert osp.isdir(osp.join(work_dir, 'logs')) and osp.isdir(osp.join(work_dir, 'tb'))
 
