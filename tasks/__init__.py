@@ -4,9 +4,23 @@
 mmseg: ``SegmentationModule``) and pairs it with an ``MMDataModule`` over the config's dataloader sections.
 """
 
+from __future__ import annotations
 
-def build_task(cfg, init_weights: bool = True):
-    """Return ``(LightningModule, LightningDataModule)`` for an mmengine config (see tasks/config.py)."""
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import lightning as L
+    from mmengine.config import Config
+
+
+def build_task(cfg: Config, init_weights: bool = True) -> tuple[L.LightningModule, L.LightningDataModule]:
+    """Return ``(LightningModule, LightningDataModule)`` for an mmengine config (see tasks/config.py).
+
+    Args:
+        cfg: the loaded config (``tasks.config.load_config``); its ``default_scope`` picks the task.
+        init_weights: run the model's ``init_weights()`` (pretrained backbone included); False when a
+            checkpoint will overwrite every weight.
+    """
     from .data import MMDataModule
 
     scope = cfg.get('default_scope')

@@ -213,7 +213,15 @@ def check_coco_categories(dataset, section: str) -> None:
 
 
 class MMDataModule(L.LightningDataModule):
-    def __init__(self, cfg: Config, scope: str):
+    """The train / val / test loaders of an mm config's ``*_dataloader`` sections (see the module docstring).
+
+    Args:
+        cfg: the mmengine config; reads ``train_dataloader``, ``val_dataloader``, ``test_dataloader`` and
+            ``randomness.seed`` (the train order and augmentation seed, default 0).
+        scope: ``'mmdet'`` or ``'mmseg'``: the library whose registries build the datasets.
+    """
+
+    def __init__(self, cfg: Config, scope: str) -> None:
         super().__init__()
         self.cfg = cfg
         self.scope = scope

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from mmengine.registry import Registry
+
 from .base import MMTaskModule
 from .metrics import DetectionEvaluator
 
 
 class DetectionModule(MMTaskModule):
+    """An mmdet detector (Mask R-CNN, RetinaNet...) evaluated with COCO box (and mask) mAP.
+
+    Args:
+        cfg: the mmdet config (``default_scope='mmdet'``); see ``MMTaskModule``.
+        init_weights: run the detector's ``init_weights()``; see ``MMTaskModule``.
+    """
+
     scope = 'mmdet'
 
     @staticmethod
-    def models_registry():
+    def models_registry() -> Registry:
         from mmdet.registry import MODELS
         return MODELS
 

@@ -23,6 +23,8 @@ _LIGHTNING_OWNED = ('clip_grad', 'accumulative_counts', 'loss_scale', 'dtype', '
 
 
 def build_optimizer(model: nn.Module, optim_wrapper_cfg: dict) -> Optimizer:
+    """The ``torch.optim.Optimizer`` that mmengine builds from ``optim_wrapper`` (``paramwise_cfg`` included);
+    the wrapper keys Lightning handles (clipping, accumulation, AMP) are dropped (see tasks/trainer.py)."""
     cfg = copy.deepcopy(dict(optim_wrapper_cfg))
     if cfg.get('type', 'OptimWrapper') == 'AmpOptimWrapper':
         # AmpOptimWrapper asserts CUDA at construction; mixed precision is trainer.precision here.

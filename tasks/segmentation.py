@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mmengine.registry import Registry
 from torch import nn
 
 from .base import MMTaskModule
@@ -9,10 +10,17 @@ from .metrics import SegmentationEvaluator
 
 
 class SegmentationModule(MMTaskModule):
+    """An mmseg segmentor (EncoderDecoder + UPerHead...) evaluated with mIoU, aAcc and mAcc.
+
+    Args:
+        cfg: the mmseg config (``default_scope='mmseg'``); see ``MMTaskModule``.
+        init_weights: run the segmentor's ``init_weights()``; see ``MMTaskModule``.
+    """
+
     scope = 'mmseg'
 
     @staticmethod
-    def models_registry():
+    def models_registry() -> Registry:
         from mmseg.registry import MODELS
         return MODELS
 

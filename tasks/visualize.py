@@ -16,7 +16,15 @@ import numpy as np
 
 
 class PredictionWriter(L.Callback):
-    def __init__(self, out_dir: str, scope: str, score_thr: float = 0.3):
+    """Writes one PNG per test image with its predictions drawn.
+
+    Args:
+        out_dir: the folder for the images (created).
+        scope: ``'mmdet'`` or ``'mmseg'``: which library's visualizer draws.
+        score_thr: detections below this score are not drawn (detection only).
+    """
+
+    def __init__(self, out_dir: str, scope: str, score_thr: float = 0.3) -> None:
         self.out_dir = out_dir
         self.scope = scope
         self.score_thr = score_thr
