@@ -32,6 +32,7 @@ from ._common import (
     nhwc,
     resolve_arch,
 )
+from .attention_maps import attention_probs, recorder_for
 
 _GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
 # The released variants (official ``HAT_Net_tiny/small/medium/large``).
@@ -109,6 +110,11 @@ class Attention(nn.Module):
             valid = torch.zeros(gh * g, gw * g, dtype=torch.bool, device=qkv.device)
             valid[:H, :W] = True
             mask = valid.reshape(gh, g, gw, g).permute(0, 2, 1, 3).reshape(1, gh * gw, 1, g * g)
+        record = recorder_for(self)  # None unless a backbones.attention_maps.record_attention block watches
+        if record is not None:
+            probs = attention_probs(q, k, self.scale, mask)  # (B * heads, windows, g * g, g * g)
+            record(kind="hat", window_probs=probs.reshape(B, nh, gh * gw, g * g, g * g), windows=(gh, gw),
+                   grid_size=g, size=(H, W))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         out = out.reshape(B, nh, gh, gw, g, g, hd).permute(0, 2, 4, 3, 5, 1, 6)
         return nchw(out.reshape(B, gh * g, gw * g, nh * hd)[:, :H, :W])
@@ -127,6 +133,11 @@ class Attention(nn.Module):
             k, v = nhwc(self.kv(self.ds_norm(pooled))).reshape(B, -1, 2, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
         else:
             q, k, v = nhwc(qkv).reshape(B, H * W, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        record = recorder_for(self)
+        if record is not None:
+            record(kind="hat", global_probs=attention_probs(q, k, self.scale).reshape(B, nh, H * W, -1), size=(H, W),
+                   pooled=tuple(pooled.shape[-2:]) if self.grid_size > 1 else (H, W),
+                   ds_ratio=self.ds_ratio if self.grid_size > 1 else 1)
         out = nchw(attention(q, k, v, self.scale).transpose(1, 2).reshape(B, H, W, C))
         if self.grid_size > 1:
             out = out + grid_x

@@ -30,6 +30,7 @@ from ._common import (
     resolve_arch,
 )
 from ._fast_paths import LIMITS
+from .attention_maps import recorder_for
 
 # The released variants (official ``stvit_small/base/large``).
 ARCHS = {
@@ -229,6 +230,9 @@ class StokenAttention(nn.Module):
                     if idx < self.n_iter - 1:
                         stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
             stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
+        record = recorder_for(self)  # None unless a backbones.attention_maps.record_attention block watches
+        if record is not None:
+            record(kind="stoken", affinity=affinity, grid=(hh, ww), stoken_size=(h, w), size=(H0, W0))
         stokens = nchw(stokens)
         stokens = self.stoken_refine(stokens.to(x.dtype) if not torch.is_autocast_enabled() else stokens)
         unfolded = _unfold3x3(nhwc(stokens))  # (B, hh*ww, 9, C)
