@@ -157,8 +157,8 @@ def global_attention_map(record: dict, y: int, x: int) -> torch.Tensor:
     """(B, heads, ph, pw): the global attention of the query at map pixel (y, x) over the pooled map (over
     the whole map where the stage has no windows) (a ``'hat'`` record)."""
     _check_point(record, y, x)
-    probs, (H, W) = record["global_probs"], record["size"]
-    return probs[:, :, y * W + x].reshape(*probs.shape[:2], *record["pooled"])
+    probs, width = record["global_probs"], record["size"][1]
+    return probs[:, :, y * width + x].reshape(*probs.shape[:2], *record["pooled"])
 
 
 def _check_point(record: dict, y: int, x: int) -> None:

@@ -1,10 +1,13 @@
 """Attention maps recorded from the backbones' own forward pass (backbones/attention_maps.py) and the
 tools/visualize_attention.py pictures drawn from them."""
+import json
+import os
 import os.path as osp
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from backbones import HATNet, STViT
 from backbones.attention_maps import (
@@ -15,6 +18,7 @@ from backbones.attention_maps import (
     stoken_association,
     window_attention_map,
 )
+from tests._tools import DET_CFG, SEG_CFG, load_tool
 
 # shrunk archs of docs/DESIGN.md
 STVIT_ARCH = dict(embed_dims=[32, 64, 128, 256], depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], n_iter=[1, 1, 1, 1],
@@ -59,6 +63,7 @@ def test_recording_leaves_the_outputs_unchanged_and_records_every_block(family, 
     else:
         assert sorted(records) == [(i, j) for i in range(4) for j in range(depths[i])]
     assert not records or all(v['kind'] in ('stoken', 'hat') for v in records.values())
+    assert last_blocks(model) == [(0, 0), (1, 0), (2, 1), (3, 0)]  # depths [1, 1, 2, 1]
     _, nothing = _record(model, x, blocks=[])
     assert nothing == {}
     with pytest.raises(KeyError, match='no attention block'):
@@ -67,7 +72,7 @@ def test_recording_leaves_the_outputs_unchanged_and_records_every_block(family, 
 
 def test_each_pixel_is_assigned_to_one_of_its_nine_neighbouring_super_tokens(image):
     _, records = _record(_model('stvit'), image)
-    for (stage, _), rec in records.items():
+    for rec in records.values():
         (hh, ww), (h, w), (H, W) = rec['grid'], rec['stoken_size'], rec['size']
         labels = stoken_assignment(rec)
         assert labels.shape == (2, H, W)
@@ -136,3 +141,129 @@ def test_global_attention_covers_the_pooled_map(image):
         torch.testing.assert_close(gmap.sum((-2, -1)), torch.ones(gmap.shape[:2]))
         with pytest.raises(IndexError, match='outside'):
             global_attention_map(rec, H, 0)
+
+
+# ---- tools/visualize_attention.py end to end ------------------------------------------------------------------
+viz_tool = load_tool('visualize_attention')
+
+
+@pytest.fixture(scope='module')
+def picture(tmp_path_factory):
+    """A 150 x 110 image (neither side a multiple of any stride) with two shapes on a gradient."""
+    path = tmp_path_factory.mktemp('img') / 'shapes.png'
+    yy, xx = np.mgrid[:110, :150]
+    img = np.stack([xx * 255 // 150, yy * 255 // 110, np.full_like(xx, 90)], -1).astype(np.uint8)
+    img[20:60, 15:60] = (220, 40, 40)
+    img[(yy - 70) ** 2 + (xx - 105) ** 2 < 25 ** 2] = (40, 200, 60)
+    Image.fromarray(img).save(path)
+    return str(path)
+
+
+def _checkpoint(tmp_path, family, layout):
+    """A randomly initialised demo backbone saved in one of the layouts the tool reads."""
+    sd = _model(family, seed=1).state_dict()
+    if layout == 'mm':  # tools/export_model.py: the detector's state_dict with 'backbone.' keys
+        path, obj = tmp_path / 'model.pth', {'state_dict': {f'backbone.{k}': v for k, v in sd.items()}}
+    elif layout == 'official':  # an official ImageNet release: {'model': ...} with the classifier head
+        from backbones.export import official_state_dict
+        obj = {'model': {**official_state_dict(sd, family), 'head.weight': torch.zeros(10, 256)}}
+        path = tmp_path / 'official.pth'
+    else:  # tools/export_backbone.py's safetensors: backbone tensors, family and arch in the metadata
+        from safetensors.torch import save_file
+        arch = STVIT_ARCH if family == 'stvit' else HATNET_ARCH
+        path = tmp_path / 'backbone.safetensors'
+        save_file(sd, path, metadata={'meta': json.dumps({'family': family, 'arch': arch})})
+        return str(path)
+    torch.save(obj, path)
+    return str(path)
+
+
+def _png(path):
+    assert osp.isfile(path)
+    return np.asarray(Image.open(path).convert('RGB'))
+
+
+@pytest.mark.parametrize('layout', ['safetensors', 'official', 'mm'])
+def test_tool_draws_stvit_super_tokens_for_each_stage(layout, picture, tmp_path):
+    out_dir = str(tmp_path / 'out')
+    ckpt = _checkpoint(tmp_path, 'stvit', layout)
+    written = viz_tool.main([DET_CFG, ckpt, picture, '--out-dir', out_dir])
+    assert written == [osp.join(out_dir, 'shapes_stvit_supertokens.png')]
+    png = _png(written[0])
+    # two stages with super tokens (stoken_size 8, 4) side by side, two rows: each panel >= the image's size
+    assert png.shape[0] >= 2 * 110 and png.shape[1] >= 2 * 150
+    assert png.std() > 20  # a picture, not a blank canvas
+    if layout == 'mm':  # another super token gives another heat map; one stage only gives one column
+        other = viz_tool.main([DET_CFG, ckpt, picture, '--out-dir', str(tmp_path / 'b'), '--stages', '1',
+                               '--stoken', '0'])
+        png1 = _png(other[0])
+        assert png1.shape[1] < png.shape[1] and png1.shape[0] == png.shape[0]
+
+
+def test_tool_draws_hatnet_attention_from_a_lightning_checkpoint(seg_ckpt, picture, tmp_path):
+    out_dir = str(tmp_path / 'out')
+    centre = viz_tool.main([SEG_CFG, seg_ckpt, picture, '--out-dir', out_dir])[0]
+    assert osp.basename(centre) == 'shapes_hatnet_attention.png'
+    png = _png(centre)
+    assert png.shape[0] >= 2 * 110 and png.shape[1] >= 4 * 150  # 2 rows x 4 stages
+    corner = _png(viz_tool.main([SEG_CFG, seg_ckpt, picture, '--out-dir', str(tmp_path / 'b'), '--point', '3',
+                                 '105'])[0])
+    assert corner.shape == png.shape and (corner != png).any()  # the query moved: other maps
+
+
+@pytest.fixture(scope='module')
+def seg_ckpt(tmp_path_factory):
+    """A Lightning checkpoint of the HAT-Net segmentation demo after one optimizer step (tools/train.py)."""
+    data = tmp_path_factory.mktemp('data')
+    load_tool('make_tiny_data').make_ade20k(data, num_train=2, num_val=1, seed=0)
+    work_dir = str(tmp_path_factory.mktemp('seg'))
+    opts = [f'{s}_dataloader.dataset.data_root={data}/tiny_ade20k/' for s in ('train', 'val', 'test')]
+    load_tool('train').main([SEG_CFG, '--work-dir', work_dir, '--cfg-options', *opts, 'train_dataloader.batch_size=2',
+                             'trainer.max_steps=1', 'trainer.val_check_interval=1', 'trainer.limit_val_batches=1',
+                             'trainer.enable_progress_bar=False', 'trainer.enable_model_summary=False',
+                             'trainer.logger=False'])
+    return osp.join(work_dir, 'last.ckpt')
+
+
+def test_the_input_is_the_test_pipelines_and_maps_go_back_to_original_pixels(picture):
+    from tasks.attention_figures import map_pixel, to_image
+    from tasks.config import load_config, register_scope
+    cfg = load_config(DET_CFG)
+    register_scope(cfg.default_scope)
+    from mmdet.registry import MODELS
+    image = viz_tool.prepare(picture, viz_tool.test_pipeline(cfg), MODELS.build(cfg.model.data_preprocessor), 'cpu')
+    # Resize to fit 192 x 192 keeping the ratio (150 x 110 -> 192 x 141), pad to a multiple of 32
+    assert image.original.shape == (110, 150, 3) and image.img_shape == (141, 192)
+    assert tuple(image.inputs.shape) == (1, 3, 160, 192)
+    assert image.scale == pytest.approx((192 / 150, 141 / 110))
+    # normalised by the data preprocessor's mean / std (RGB): the red square's pixel
+    mean, std = torch.tensor(cfg.model.data_preprocessor.mean), torch.tensor(cfg.model.data_preprocessor.std)
+    y, x = round(40 * image.scale[1]), round(37 * image.scale[0])
+    torch.testing.assert_close(image.inputs[0, :, y, x], (torch.tensor([220., 40, 40]) - mean) / std, atol=0.05,
+                               rtol=0)
+    assert (image.inputs[0, :, 141:] == 0).all()  # padding
+    # a stride-8 map whose value is its column index, brought back over the original image
+    cols = to_image(torch.arange(24.).expand(20, 24), 8, image)
+    assert cols.shape == (110, 150)
+    assert cols[:, 0].max() == 0 and cols[:, -1].min() == (192 - 1) // 8
+    assert (np.diff(cols, axis=1) >= 0).all()
+    assert map_pixel((149, 109), 8, image) == ((141 - 1) // 8, (192 - 1) // 8)
+    assert map_pixel((75, 55), 4, image) == (int(55 * 141 / 110) // 4, int(75 * 192 / 150) // 4)
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--point', '150', '10'], 'lies outside'),
+    (['--stages', '2'], 'no super'),
+    (['--stoken', '30'], 'super tokens'),
+    (['--stages', '0', '1', '--stoken', '1', '2', '3'], 'one per drawn stage'),
+])
+def test_tool_refuses_bad_arguments_with_a_clear_message(args, message, picture, tmp_path):
+    ckpt = _checkpoint(tmp_path, 'stvit', 'mm')
+    with pytest.raises(SystemExit, match=message):
+        viz_tool.main([DET_CFG, ckpt, picture, '--out-dir', str(tmp_path / 'out'), *args])
+    assert not (tmp_path / 'out').exists() or not os.listdir(tmp_path / 'out')
+
+
+def test_tool_refuses_a_checkpoint_of_the_other_family(picture, tmp_path):
+    with pytest.raises(SystemExit, match='(?i)hatnet'):
+        viz_tool.main([DET_CFG, _checkpoint(tmp_path, 'hatnet', 'mm'), picture, '--out-dir', str(tmp_path)])

@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 """The main job on a fresh machine: make the tiny datasets, train and evaluate one STViT detection run
-and one HAT-Net segmentation run on them, draw the predictions, and say where everything is.
+and one HAT-Net segmentation run on them, draw the predictions and the backbones' attention maps, and say
+where everything is.
 
     python tools/demo.py [--work-dir work_dirs/demo] [--data data] [--cfg-options KEY=VALUE ...]
 
-Each step is the same command a user would type (tools/make_tiny_data.py, tools/train.py, tools/test.py).
+Each step is the same command a user would type (tools/make_tiny_data.py, tools/train.py, tools/test.py,
+tools/visualize_attention.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ RUNS = [  # (name, config, metric that the demo must reach, threshold)
     ("detection (STViT, Mask R-CNN)", "configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py", "bbox_mAP_50", 0.3),
     ("segmentation (HAT-Net, UperNet)", "configs/demo/upernet_hat-net-t_tiny-ade20k.py", "mIoU", 0.4),
 ]
+
+VAL_IMAGES = {"mask-rcnn": "val2017", "upernet": "images/validation"}  # where the attention maps' image comes from
 
 
 def run(cmd: list[str]) -> None:
@@ -51,6 +55,9 @@ def main(argv=None) -> int:
         run([py, "tools/test.py", config, str(run_dir / "last.ckpt"), "--work-dir", str(run_dir),
              "--out", str(run_dir / "test_metrics.json"), "--show-dir", str(run_dir / "vis"),
              "--cfg-options", *options])
+        image = sorted((roots[stem.split("_")[0]] / VAL_IMAGES[stem.split("_")[0]]).glob("*.jpg"))[0]
+        run([py, "tools/visualize_attention.py", config, str(run_dir / "last.ckpt"), str(image), "--out-dir",
+             str(run_dir / "attention"), "--cfg-options", *options])
         metrics = json.loads((run_dir / "test_metrics.json").read_text())
         passed = metrics.get(key, 0.0) >= threshold
         ok &= passed
@@ -62,6 +69,7 @@ def main(argv=None) -> int:
         print(f"  {key} >= {threshold}: {'yes' if passed else 'NO'}")
         print(f"  metrics: {run_dir / 'test_metrics.json'}  pictures: {run_dir / 'vis'}/  "
               f"checkpoints and logs: {run_dir}/")
+        print(f"  attention maps (tools/visualize_attention.py): {run_dir / 'attention'}/")
     return 0 if ok else 1
 
 
