@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from backbones import HATNet, STViT
+from backbones import HATNet, STViT, fast_paths
 from backbones.attention_maps import (
     global_attention_map,
     last_blocks,
@@ -141,6 +141,43 @@ def test_global_attention_covers_the_pooled_map(image):
         torch.testing.assert_close(gmap.sum((-2, -1)), torch.ones(gmap.shape[:2]))
         with pytest.raises(IndexError, match='outside'):
             global_attention_map(rec, H, 0)
+
+
+
+def _autograd_nodes(y: torch.Tensor) -> set[str]:
+    """Names of the autograd nodes that produced y (every node visited once)."""
+    seen, todo = set(), [y.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is not None and fn not in seen:
+            seen.add(fn)
+            todo += [f for f, _ in fn.next_functions]
+    return {fn.name() for fn in seen}
+
+
+@pytest.mark.parametrize('family', ['stvit', 'hatnet'])
+def test_maps_are_the_same_on_the_fast_and_the_plain_paths(family, image):
+    """The speed paths (oneDNN attention, row chunks, MLP recomputation) change only the summation order of
+    a few GEMMs: the maps agree to float32 rounding, those of each first block (before any fast kernel)
+    bit for bit, and STViT's super-token assignment exactly."""
+    model, x = _model(family), image.clone().requires_grad_()  # with grad: the recomputing MLP engages too
+    forcing = dict(row_chunk_bytes=4096, mlp_recompute_numel=0, attention_min_keys=1)  # tiny input, every path
+    with fast_paths(True, **forcing), record_attention(model) as fast:
+        out = model(x)
+    assert {'_OverlappingRowsBackward', '_OneDnnAttentionBackward'} <= _autograd_nodes(out[-1])
+    with fast_paths(False), record_attention(model) as plain:
+        out = model(x)
+    assert not any(name.startswith('_') for name in _autograd_nodes(out[-1]))
+    assert fast.keys() == plain.keys()
+    for key, rec in fast.items():
+        for name, value in rec.items():
+            if isinstance(value, torch.Tensor):
+                torch.testing.assert_close(value, plain[key][name])
+                assert key != (0, 0) or torch.equal(value, plain[key][name])
+            else:
+                assert value == plain[key][name]
+        if family == 'stvit':
+            assert torch.equal(stoken_assignment(rec), stoken_assignment(plain[key]))
 
 
 # ---- tools/visualize_attention.py end to end ------------------------------------------------------------------
