@@ -2,28 +2,32 @@
 
 Datasets and their pipelines are built by the library (``DATASETS.build``) and batches are mm's
 ``pseudo_collate`` dicts. Only ``batch_size``, ``num_workers``, ``persistent_workers``, ``pin_memory``,
-``drop_last`` and ``sampler.shuffle`` are read from each section. mm ``batch_sampler`` entries are ignored.
+``drop_last``, ``sampler.shuffle`` and, for training, ``batch_sampler`` are read from each section.
 
-Training data order and augmentation are pure functions of (``randomness.seed``, epoch): the train sampler
-(``ResumableSampler``, a ``DistributedSampler`` also in one process) shuffles with ``seed + epoch`` and hands
-each sample its own seed, with which numpy's and ``random``'s global generators (used by mm transforms such
-as RandomFlip / RandomResize / RandomCrop) are reseeded before its pipeline runs. The train loader is
+Training data order and augmentation are pure functions of (``randomness.seed``, epoch), see tasks/sampling.py:
+the train sampler (``ResumableSampler``, a ``DistributedSampler`` also in one process) shuffles with
+``seed + epoch``, each rank takes its own shard, the section's ``batch_sampler`` (e.g. mmdet's
+``AspectRatioBatchSampler``: images with width < height batched apart from the others) groups that shard, and
+each sample gets its own seed, with which numpy's and ``random``'s global generators (used by mm transforms
+such as RandomFlip / RandomResize / RandomCrop) are reseeded before its pipeline runs. The train loader is
 stateful (``state_dict`` / ``load_state_dict``, saved by Lightning in every checkpoint): resuming a
 checkpoint written mid-epoch skips the batches already trained on, so an interrupted and resumed run sees
-exactly the batches of an uninterrupted one (independently of ``num_workers``).
+exactly the batches of an uninterrupted one (independently of ``num_workers``). Every loader makes its own
+distributed sampler, so the trainer is built with ``use_distributed_sampler=False`` (tasks/trainer.py).
 
 Bad data fails with the file named (``CheckedDataset``): a missing or unreadable image, a truncated JPEG
 (no end-of-image marker), a segmentation map with labels >= num_classes other than the ignore index
-(an error, not a silent remap: such pixels would corrupt the loss and mIoU), and COCO annotations whose
-``category_id`` is not in the file's ``categories`` (mmdet would drop them silently). Grayscale, RGBA and
-16-bit images are read as 8-bit 3-channel BGR by mmcv's ``LoadImageFromFile`` (``color_type='color'``).
-Training images without objects are dropped by mmdet's ``filter_cfg=dict(filter_empty_gt=True)`` (the
-mmdet base configs' default); the data module logs how many.
+(an error, not a silent remap: such pixels would corrupt the loss and mIoU). A COCO annotation file is
+checked while mmdet reads it (``check_coco_file``): annotations whose ``category_id`` is not in the file's
+``categories``, and config ``metainfo.classes`` none of which is a category name of the file, are errors
+(mmdet would drop those objects silently). Grayscale, RGBA and 16-bit images are read as 8-bit 3-channel BGR
+by mmcv's ``LoadImageFromFile`` (``color_type='color'``). Training images without objects are dropped by
+mmdet's ``filter_cfg=dict(filter_empty_gt=True)`` (the mmdet base configs' default); the data module logs how
+many.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import os.path as osp
@@ -34,9 +38,10 @@ import numpy as np
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
 from .config import register_scope
+from .sampling import ResumableBatchSampler, ResumableDataLoader, ResumableSampler, build_batch_sampler
 
 log = logging.getLogger(__name__)
 
@@ -73,49 +78,6 @@ def check_dataset_paths(ds_cfg: dict, section: str) -> None:
 
 class DataError(RuntimeError):
     """A sample that cannot be used; the message names the file."""
-
-
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
-
-
-class ResumableSampler(DistributedSampler):
-    """``DistributedSampler`` (also for one process, so Lightning leaves it alone) that yields
-    ``(index, sample_seed)`` and can start an epoch after its first ``skip`` samples (mid-epoch resume)."""
-
-    def __init__(self, dataset, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, seed: int = 0):
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
-        self.skip = 0  # samples of epoch ``skip_epoch`` already trained on
-        self.skip_epoch = -1
-
-    def __iter__(self):
-        indices = list(super().__iter__())
-        start = self.skip if self.skip_epoch == self.epoch else 0
-        self.skip, self.skip_epoch = 0, -1
-        for idx in indices[start:]:
-            yield idx, sample_seed(self.seed, self.epoch, idx)
-
-
-class ResumableDataLoader(DataLoader):
-    """A DataLoader that Lightning checkpoints (``state_dict``): the epoch and how many batches of it the
-    training loop has finished; ``load_state_dict`` makes the next iteration skip them."""
-
-    progress = None  # callable -> batches of the current epoch finished by the training loop
-
-    def state_dict(self) -> dict:
-        done = int(self.progress()) if self.progress is not None else 0
-        return {'epoch': int(self.sampler.epoch), 'batches': done, 'batch_size': int(self.batch_size)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get('batch_size', self.batch_size) != self.batch_size:
-            raise ValueError(f"resuming mid-epoch needs the checkpoint's train batch size "
-                             f"({state['batch_size']}), got {self.batch_size}")
-        # Lightning creates the epoch's iterator before calling set_epoch when resuming: set it here.
-        if state['batches'] >= len(self):  # saved at the end of an epoch: the next one starts afresh
-            self.sampler.set_epoch(state['epoch'] + 1)
-            return
-        self.sampler.set_epoch(state['epoch'])
-        self.sampler.skip, self.sampler.skip_epoch = state['batches'] * self.batch_size, state['epoch']
 
 
 def _jpeg_truncated(path: str) -> bool:
@@ -186,30 +148,85 @@ class CheckedDataset(Dataset):
                             f'ignore index {self.ignore_index}: fix the map or the dataset classes')
 
 
-def check_coco_categories(dataset, section: str) -> None:
-    """mmdet's CocoDataset silently drops annotations whose category_id is not in the file's ``categories``
-    (a wrong id mapping would lose objects unnoticed): refuse them, naming the file. Also log how many
-    training images without objects ``filter_cfg.filter_empty_gt`` dropped."""
-    ann_file = getattr(dataset, 'ann_file', None)
-    if not ann_file or '://' in ann_file or not osp.isfile(ann_file) or not hasattr(dataset, 'cat_ids'):
-        return
-    with open(ann_file) as f:
-        coco = json.load(f)
-    known = {c['id'] for c in coco.get('categories', [])}
-    unknown: dict = {}
-    for ann in coco.get('annotations', []):
-        if ann.get('category_id') not in known:
-            unknown.setdefault(ann.get('category_id'), []).append(ann.get('id'))
+def _file_categories(coco) -> str:
+    return ', '.join(f"{cat['id']} {cat.get('name')!r}" for cat in coco.cats.values()) or 'none'
+
+
+def check_coco_file(coco, dataset, section: str, sections: tuple[str, ...]) -> None:
+    """Checks of a COCO annotation file, on the ``COCO`` index that mmdet's ``CocoDataset`` reads it into.
+
+    mmdet matches ``metainfo.classes`` to the file's category names and silently drops every annotation of
+    another category: with none of the names matching, every image is dropped and mmengine fails later with
+    "need at least one array to concatenate". It also drops annotations whose ``category_id`` is not among the
+    file's ``categories`` (a wrong id mapping would lose objects unnoticed). Both are refused here, naming
+    the file and the fix; classes of the config that the file lacks are logged.
+
+    Args:
+        coco: mmdet's ``COCO`` api object of the file (categories in ``cats``, annotations in ``anns``).
+        dataset: the ``CocoDataset`` being loaded (``ann_file``, ``metainfo``).
+        section: the dataloader section of the dataset, e.g. ``'train_dataloader'``.
+        sections: every dataloader section of the config (each needs the same classes override).
+    """
+    ann_file = dataset.ann_file
+    unknown = set(coco.cat_img_map) - set(coco.cats)  # the index lists every category id annotations use
     if unknown:
+        ann_ids: dict = {cid: [] for cid in unknown}
+        for ann in coco.anns.values():
+            if ann.get('category_id') in unknown:
+                ann_ids[ann['category_id']].append(ann.get('id'))
         desc = ', '.join(f'{cid} (annotation ids {ids[:5]}{"..." if len(ids) > 5 else ""})'
-                         for cid, ids in sorted(unknown.items(), key=str))
+                         for cid, ids in sorted(ann_ids.items(), key=str))
         raise DataError(f"{section}: {ann_file} has annotations with category_id not listed in its 'categories' "
-                        f'{sorted(known)}: {desc}')
-    n_images = len(coco.get('images', []))
-    if not getattr(dataset, 'test_mode', True) and len(dataset) < n_images:
+                        f'{sorted(coco.cats)}: {desc}')
+    classes = tuple(dataset.metainfo.get('classes') or ())
+    names = [cat.get('name') for cat in coco.cats.values()]
+    missing = [c for c in classes if c not in names]
+    if len(missing) == len(classes):
+        listed = repr(tuple(names))
+        value = listed if len(listed) <= 200 else 'NAMES'
+        override = ' '.join(f'"{s}.dataset.metainfo.classes={value}"' for s in sections)
+        spaces = any(' ' in str(n) for n in names)
+        raise DataError(
+            f'{section}: none of the config\'s classes {classes} is a category name of {ann_file}, whose '
+            f'categories (id name) are: {_file_categories(coco)}. mmdet keeps only the annotations of the classes '
+            f'named in metainfo.classes, so every image would be dropped. Set the classes to the names to train '
+            f'and evaluate on in every dataloader section (and the model heads\' num_classes to their number): '
+            f'--cfg-options {override}' + ('' if value == listed else f' with NAMES = {listed}')
+            + ('. mmengine\'s --cfg-options removes the spaces inside values: for names with spaces, put this in '
+               f'a config that inherits yours instead: metainfo = dict(classes={value}), and '
+               + ', '.join(f'{s} = dict(dataset=dict(metainfo=metainfo))' for s in sections) if spaces else ''))
+    if missing:
+        log.warning('%s: classes %s of the config are not category names of %s (its categories: %s); they '
+                    'have no annotations', section, missing, ann_file, _file_categories(coco))
+
+
+def build_dataset(ds_cfg: dict, section: str, sections: tuple[str, ...]):
+    """``DATASETS.build(ds_cfg)``; a COCO-format dataset is checked with ``check_coco_file`` on the index mmdet
+    builds while it loads the file (one parse of the JSON), and the images ``filter_cfg`` dropped are logged."""
+    from mmengine.registry import DATASETS  # the default scope routes to mmdet/mmseg's registry
+    with DATASETS.switch_scope_and_registry(None) as registry:
+        cls = registry.get(ds_cfg['type']) if isinstance(ds_cfg.get('type'), str) else ds_cfg.get('type')
+    if not hasattr(cls, 'COCOAPI') or ds_cfg.get('lazy_init'):
+        return DATASETS.build(ds_cfg)
+    dataset = DATASETS.build({**ds_cfg, 'lazy_init': True})
+    read, n_images = dataset.COCOAPI, []
+
+    def read_and_check(path):  # mmdet's load_data_list reads the file with ``self.COCOAPI(path)``
+        coco = read(path)
+        check_coco_file(coco, dataset, section, sections)
+        n_images.append(len(coco.imgs))
+        return coco
+
+    dataset.COCOAPI = read_and_check  # an instance attribute over the class's, removed again below
+    try:
+        dataset.full_init()
+    finally:
+        del dataset.COCOAPI
+    if n_images and not dataset.test_mode and len(dataset) < n_images[0]:
         log.warning('%s: %d of %d images of %s skipped by filter_cfg=%s (no objects of the dataset classes, '
-                    'or smaller than min_size)', section, n_images - len(dataset), n_images, ann_file,
-                    dict(getattr(dataset, 'filter_cfg', None) or {}))
+                    'or smaller than min_size)', section, n_images[0] - len(dataset), n_images[0],
+                    dataset.ann_file, dict(dataset.filter_cfg or {}))
+    return dataset
 
 
 class MMDataModule(L.LightningDataModule):
@@ -239,30 +256,34 @@ class MMDataModule(L.LightningDataModule):
             ds_cfg = self.section(split)['dataset']
             check_dataset_paths(ds_cfg, f'{split}_dataloader')
             register_scope(self.scope)
-            from mmengine.registry import DATASETS  # the default scope routes to mmdet/mmseg's registry
-            dataset = DATASETS.build(ds_cfg)
-            check_coco_categories(dataset, f'{split}_dataloader')
-            self._datasets[split] = dataset
+            sections = tuple(f'{s}_dataloader' for s in SPLITS if self.cfg.get(f'{s}_dataloader') is not None)
+            self._datasets[split] = build_dataset(ds_cfg, f'{split}_dataloader', sections)
         return self._datasets[split]
 
-    def _loader(self, split: str, shuffle: bool, sampler=None, cls=DataLoader) -> DataLoader:
+    def _loader(self, split: str, cls=DataLoader, **batching) -> DataLoader:
+        """A loader of ``split`` with the section's worker settings; ``batching`` is either ``shuffle``
+        (+ ``sampler``) or ``batch_sampler``."""
         sec = self.section(split)
         workers = sec.get('num_workers', 0)
+        if 'batch_sampler' not in batching:
+            batching.update(batch_size=sec.get('batch_size', 1), drop_last=sec.get('drop_last', False))
         return cls(
-            CheckedDataset(self.dataset(split), split), batch_size=sec.get('batch_size', 1), sampler=sampler,
-            shuffle=shuffle if sampler is None else None, num_workers=workers,
+            CheckedDataset(self.dataset(split), split), num_workers=workers,
             persistent_workers=bool(sec.get('persistent_workers')) and workers > 0,
-            pin_memory=sec.get('pin_memory', False), drop_last=sec.get('drop_last', False),
-            collate_fn=pseudo_collate)
+            pin_memory=sec.get('pin_memory', False), collate_fn=pseudo_collate, **batching)
 
     def train_dataloader(self) -> DataLoader:
-        shuffle = (self.section('train').get('sampler') or {}).get('shuffle', True)
+        sec = self.section('train')
+        shuffle = (sec.get('sampler') or {}).get('shuffle', True)
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         seed = int((self.cfg.get('randomness') or {}).get('seed') or 0)
         sampler = ResumableSampler(self.dataset('train'), num_replicas=world, rank=rank, shuffle=shuffle,
                                    seed=seed)
-        loader = self._loader('train', shuffle, sampler=sampler, cls=ResumableDataLoader)
+        make_batches = build_batch_sampler(sec.get('batch_sampler'), sec.get('batch_size', 1),
+                                           sec.get('drop_last', False))
+        loader = self._loader('train', cls=ResumableDataLoader,
+                              batch_sampler=ResumableBatchSampler(sampler, make_batches))
         if trainer is not None:
             loader.progress = lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return loader

@@ -103,6 +103,10 @@ def trainer_kwargs(cfg: Config) -> dict:
 
     if 'strategy' in kwargs:
         kwargs['strategy'] = _strategy(kwargs['strategy'])
+    if kwargs.get('use_distributed_sampler'):
+        raise ValueError('trainer.use_distributed_sampler=True: the data module shards every split itself '
+                         '(tasks/data.py); Lightning would replace the train batch sampler and its resumable order')
+    kwargs['use_distributed_sampler'] = False
     if 'sync_batchnorm' not in kwargs:
         # mm configs ask for synchronised BN with norm_cfg type 'SyncBN'; honour it where it can run.
         kwargs['sync_batchnorm'] = 'SyncBN' in str(cfg.model) and _uses_gpu(kwargs.get('accelerator', 'auto'))

@@ -15,7 +15,7 @@ import lightning as L
 import pytest
 import torch
 
-from tests._tools import REPO, SEG_CFG, load_tool
+from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 
 sys.path.insert(0, REPO)
 TIMEOUT = 240
@@ -61,17 +61,15 @@ def _ckpt(path):
 
 
 # --- SIGKILL mid-epoch, then --resume -----------------------------------------------------------------------
-def test_sigkill_mid_epoch_then_resume_is_bit_identical(data_dir, tmp_path):
-    # 4 batches per epoch, 9 steps (2 epochs + 1 batch), last.ckpt every 3 steps: the kill lands mid-epoch.
-    opts = seg_opts(data_dir, 'trainer.max_steps=9', 'trainer.val_check_interval=9', 'trainer.deterministic=True',
-                    'checkpoint_every_n_steps=3')
-    cmd = [sys.executable, 'tools/train.py', SEG_CFG, '--cfg-options', *opts]
+def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
+    """Runs ``cmd`` (``steps`` optimizer steps, ``per_epoch`` batches an epoch, last.ckpt every 3 steps) once
+    uninterrupted and once SIGKILLed mid-epoch then resumed; returns the final checkpoint."""
     ref, run = tmp_path / 'ref', tmp_path / 'run'
     proc = subprocess.run([*cmd, '--work-dir', str(ref)], cwd=REPO, env=env(), capture_output=True, text=True,
                           timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    # same run, SIGKILLed as soon as the first periodic checkpoint (step 3 of 9) is on disk
+    # same run, SIGKILLed as soon as the first periodic checkpoint (step 3) is on disk
     p = subprocess.Popen([*cmd, '--work-dir', str(run)], cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:
@@ -84,14 +82,14 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(data_dir, tmp_path):
         p.wait()
     assert p.returncode == -signal.SIGKILL
     killed_at = _ckpt(run / 'last.ckpt')['global_step']
-    assert 0 < killed_at < 9 and killed_at % 4 != 0, killed_at  # mid-epoch
-    print(f'killed after the checkpoint of step {killed_at} of 9')
+    assert 0 < killed_at < steps and killed_at % per_epoch != 0, killed_at  # mid-epoch
+    print(f'killed after the checkpoint of step {killed_at} of {steps}')
 
     proc = subprocess.run([*cmd, '--work-dir', str(run), '--resume'], cwd=REPO, env=env(), capture_output=True,
                           text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     a, b = _ckpt(ref / 'last.ckpt'), _ckpt(run / 'last.ckpt')
-    assert a['global_step'] == b['global_step'] == 9
+    assert a['global_step'] == b['global_step'] == steps
     assert a['state_dict'].keys() == b['state_dict'].keys()
     for k in a['state_dict']:
         assert torch.equal(a['state_dict'][k], b['state_dict'][k]), k
@@ -99,6 +97,37 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(data_dir, tmp_path):
         assert all(torch.equal(sa[n], sb[n]) for n in sa)
     assert a['lr_schedulers'] == b['lr_schedulers']
     assert [p for p in os.listdir(run) if p.endswith('.tmp')] == []
+    return b
+
+
+def _train_loader_state(ckpt):
+    return ckpt['loops']['fit_loop']['state_dict']['combined_loader'][0]
+
+
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(data_dir, tmp_path):
+    # 4 batches per epoch, 9 steps (2 epochs + 1 batch), last.ckpt every 3 steps: the kill lands mid-epoch.
+    opts = seg_opts(data_dir, 'trainer.max_steps=9', 'trainer.val_check_interval=9', 'trainer.deterministic=True',
+                    'checkpoint_every_n_steps=3')
+    ckpt = _kill_and_resume_is_bit_identical([sys.executable, 'tools/train.py', SEG_CFG, '--cfg-options', *opts],
+                                             tmp_path, steps=9, per_epoch=4)
+    assert _train_loader_state(ckpt)['batch_sampler'] == 'BatchSampler'  # mmseg's config has no batch_sampler
+
+
+def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
+    # The detection demo inherits mmdet's batch_sampler=AspectRatioBatchSampler; 8 training images of both
+    # orientations (one of the 9 has no objects), 4 batches of 2 per epoch.
+    tiny_data.make_coco(tmp_path / 'data', num_train=9, num_val=1, seed=0)
+    root = tmp_path / 'data' / 'tiny_coco'
+    opts = []
+    for split in ('train', 'val', 'test'):
+        opts += [f'{split}_dataloader.dataset.data_root={root}/', f'{split}_dataloader.num_workers=0']
+    opts += ['train_dataloader.batch_size=2', 'train_dataloader.dataset.pipeline.2.scale=(96,96)',
+             'trainer.max_steps=6', 'trainer.max_epochs=-1', 'trainer.limit_val_batches=0',
+             'trainer.enable_progress_bar=False', 'trainer.enable_model_summary=False', 'trainer.deterministic=True',
+             'checkpoint_callback.monitor=None', 'checkpoint_every_n_steps=3']
+    ckpt = _kill_and_resume_is_bit_identical([sys.executable, 'tools/train.py', DET_CFG, '--cfg-options', *opts],
+                                             tmp_path, steps=6, per_epoch=4)
+    assert _train_loader_state(ckpt)['batch_sampler'] == 'AspectRatioBatchSampler'
 
 
 # --- non-finite loss ----------------------------------------------------------------------------------------

@@ -199,6 +199,49 @@ def test_coco_unknown_category_id_is_an_error(coco):
         _datamodule(DET_CFG, coco, 'mmdet').dataset('train')
 
 
+def _rename_categories(coco, names):
+    for split in ('train', 'val'):
+        ann_file = coco / 'annotations' / f'instances_{split}2017.json'
+        data = json.loads(ann_file.read_text())
+        for cat, name in zip(data['categories'], names):
+            cat['name'] = name
+        ann_file.write_text(json.dumps(data))
+
+
+def test_coco_without_any_config_class_names_classes_file_and_override(coco, tmp_path):
+    """Category names that are not the config's classes: mmdet would drop every image (and mmengine fail with
+    "need at least one array to concatenate"); the error comes at dataset build, and its override works."""
+    import shlex
+
+    from tasks.config import load_config
+    from tasks.data import DataError, MMDataModule
+    _rename_categories(coco, ('cube', 'ball', 'cone'))
+    ann_file = coco / 'annotations' / 'instances_train2017.json'
+    opts = [f'{s}_dataloader.dataset.data_root={coco}/' for s in ('train', 'val', 'test')]
+    with pytest.raises(DataError) as info:
+        train_tool.main([DET_CFG, '--work-dir', str(tmp_path / 'w'), '--cfg-options', *opts,
+                         'trainer.max_steps=1', 'trainer.enable_progress_bar=False'])
+    msg = str(info.value)
+    assert msg.startswith("train_dataloader: none of the config's classes ('square', 'disc', 'triangle')"), msg
+    assert str(ann_file) in msg and "1 'cube', 3 'ball', 7 'cone'" in msg
+    override = msg.split('--cfg-options ')[1].split(' (and')[0]
+    for s in ('train', 'val', 'test'):
+        assert f'"{s}_dataloader.dataset.metainfo.classes=(\'cube\', \'ball\', \'cone\')"' in override
+    assert 'removes the spaces' not in msg
+
+    args = train_tool.parse_args([DET_CFG, '--cfg-options', *opts, *shlex.split(override)])
+    dm = MMDataModule(load_config(args.config, args.cfg_options), 'mmdet')
+    for split in ('train', 'val'):
+        assert dm.dataset(split).metainfo['classes'] == ('cube', 'ball', 'cone') and len(dm.dataset(split))
+
+    # names with spaces cannot pass through mmengine's --cfg-options (it drops them): the config form is given
+    _rename_categories(coco, ('cube', 'ball', 'traffic cone'))
+    config_form = (r"(?s)7 'traffic cone'.*removes the spaces.*metainfo = dict\(classes=\('cube', 'ball', "
+                   r"'traffic cone'\)\).*test_dataloader = dict\(dataset=dict\(metainfo=metainfo\)\)")
+    with pytest.raises(DataError, match=config_form):
+        _datamodule(DET_CFG, coco, 'mmdet').dataset('val')
+
+
 def test_coco_images_without_objects_are_skipped_and_logged(coco, caplog):
     n_images = len(json.loads((coco / 'annotations' / 'instances_train2017.json').read_text())['images'])
     with caplog.at_level(logging.WARNING, logger='tasks.data'):
