@@ -76,6 +76,9 @@ class MMTaskModule(L.LightningModule):
         self.evaluator = self.build_evaluator()
         self.val_metrics: dict[str, float] = {}
         self.test_metrics: dict[str, float] = {}
+        # False: test steps only predict (tools/test.py --format-only: submission files, no ground truth)
+        self.evaluate_test = True
+        self.__dict__['_tta'] = None  # see enable_tta
         self.nonfinite_loss = self.cfg.get('nonfinite_loss') or 'raise'
         if self.nonfinite_loss not in NONFINITE_MODES:
             raise ValueError(f'nonfinite_loss must be one of {NONFINITE_MODES}, got {self.nonfinite_loss!r}')
@@ -97,13 +100,16 @@ class MMTaskModule(L.LightningModule):
         # data_preprocessor moves it (see _preprocess), exactly as under mmengine's Runner.
         return batch
 
-    def _preprocess(self, batch: dict, training: bool) -> dict:
+    def _sync_preprocessor_device(self) -> None:
         # mm's BaseDataPreprocessor caches its target device in ``_device`` and only updates it in
         # its own .to()/.cuda(); Lightning moves modules with nn.Module._apply (and FSDP moves them
         # itself), which never calls that. Sync it to where this process computes before each use.
         device = self._trainer.strategy.root_device if self._trainer is not None else self.device
         if self.model.data_preprocessor.device != device:
             self.model._set_device(device)
+
+    def _preprocess(self, batch: dict, training: bool) -> dict:
+        self._sync_preprocessor_device()
         return self.model.data_preprocessor(batch, training)
 
     # ---- steps -----------------------------------------------------------------------------------
@@ -150,7 +156,30 @@ class MMTaskModule(L.LightningModule):
                  batch_size=batch_size)
         return None  # Lightning then runs no backward and no optimizer step
 
+    # ---- test-time augmentation ------------------------------------------------------------------
+    def enable_tta(self) -> None:
+        """Predict with the config's ``tta_model`` (mmseg ``SegTTAModel``, mmdet ``DetTTAModel``) wrapping this
+        model as its ``module``, as mmengine's Runner does for ``--tta``. The eval data must then come from the
+        config's ``tta_pipeline`` (mm's ``TestTimeAug``: each batch holds one list per augmented view)."""
+        if self.cfg.get('tta_model') is None:
+            raise ValueError('--tta: the config defines no tta_model (e.g. '
+                             "tta_model = dict(type='SegTTAModel') with a tta_pipeline; see README)")
+        tta = build_from_registry(self.models_registry(), dict(self.cfg.tta_model, module=self.model), 'tta_model')
+        self.check_tta(tta)
+        # Kept out of the module tree: the TTA model holds self.model as a child, and registering it would
+        # add every weight a second time (``_tta.module.*``) to the state dict and to checkpoint loading.
+        self.__dict__['_tta'] = tta
+
+    def check_tta(self, tta) -> None:
+        """Subclasses refuse TTA models that cannot merge this model's predictions."""
+
     def _predict(self, batch: dict) -> list:
+        tta = self.__dict__.get('_tta')
+        if tta is not None:
+            # BaseTTAModel.test_step splits the batch into one batch per view, runs the wrapped model's own
+            # test_step (data_preprocessor + predict) on each and merges the views of every image.
+            self._sync_preprocessor_device()
+            return tta.test_step(batch)
         data = self._preprocess(batch, training=False)
         return self.model(**data, mode='predict')
 
@@ -161,7 +190,8 @@ class MMTaskModule(L.LightningModule):
 
     def test_step(self, batch: dict, batch_idx: int) -> list:
         preds = self._predict(batch)
-        self.evaluator.update(preds)
+        if self.evaluate_test:
+            self.evaluator.update(preds)
         return preds  # for callbacks (tasks/visualize.py)
 
     def _finish_eval(self) -> dict[str, float]:
@@ -177,7 +207,8 @@ class MMTaskModule(L.LightningModule):
             self.val_metrics = metrics
 
     def on_test_epoch_end(self) -> None:
-        self.test_metrics = self._finish_eval()
+        if self.evaluate_test:
+            self.test_metrics = self._finish_eval()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The resolved config and the last validation metrics travel with the weights, as plain

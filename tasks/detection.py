@@ -26,3 +26,11 @@ class DetectionModule(MMTaskModule):
     def build_evaluator(self) -> DetectionEvaluator:
         # Mask mAP when the model predicts masks (Mask R-CNN & co.), as CocoMetric(metric=['bbox', 'segm']).
         return DetectionEvaluator(with_masks=getattr(self.model, 'with_mask', False))
+
+    def check_tta(self, tta) -> None:
+        from mmdet.models import DetTTAModel
+        if isinstance(tta, DetTTAModel) and getattr(self.model, 'with_mask', False):
+            raise ValueError(
+                f"--tta: mmdet's DetTTAModel merges boxes only (no instance masks), so it cannot test "
+                f'{type(self.model).__name__}, which predicts instance masks. Use --tta with box-only detectors '
+                '(the RetinaNet configs), or test this config without --tta.')

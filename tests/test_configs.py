@@ -252,6 +252,24 @@ def test_pipelines_build(path):
             while 'pipeline' not in ds:  # RepeatDataset & co.
                 ds = ds.dataset
             Compose(ds.pipeline)
+        if cfg.get('tta_pipeline') is not None:  # tools/test.py --tta
+            Compose(cfg.tta_pipeline)
+
+
+@pytest.mark.parametrize('path', PAPER_CONFIGS, ids=_id)
+def test_tta_where_the_libraries_define_it(path):
+    # mmseg's ADE20K bases: multi-scale (0.5-1.75) + flip; mmdet's DetTTAModel merges boxes only, so only the
+    # box-only detectors (RetinaNet) get one (mmdet's retinanet_tta.py)
+    cfg = load(path)
+    tta = cfg.get('tta_model')
+    if 'ade20k' in str(path):
+        assert tta.type == 'SegTTAModel'
+        resizes = cfg.tta_pipeline[1].transforms[0]
+        assert [t.scale_factor for t in resizes] == [0.5, 0.75, 1.0, 1.25, 1.5, 1.75]
+    elif 'retinanet' in str(path):
+        assert tta.type == 'DetTTAModel'
+    else:
+        assert tta is None and cfg.get('tta_pipeline') is None
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,13 +2,22 @@
 """Evaluate a checkpoint on the config's test set (``test_dataloader``), with Lightning.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE.json] [--show-dir DIR]
-                         [--cfg-options KEY=VALUE ...]
+                         [--tta] [--format-only] [--out-dir DIR] [--cfg-options KEY=VALUE ...]
 
 CHECKPOINT is a Lightning ``.ckpt`` from tools/train.py, or a plain mmdet / mmseg checkpoint of the
 same model (``state_dict`` keys without the ``model.`` prefix). Prints a metrics table and writes them as
 one JSON object to ``--out`` (default ``WORK_DIR/test_metrics.json``). ``--show-dir`` writes one PNG per
 image with the predictions drawn by mmdet's / mmseg's visualizer. Runs on the devices of the config's
 ``trainer`` section (``--cfg-options trainer.devices=1`` to override); every image is evaluated once.
+
+``--tta``: test-time augmentation with the config's ``tta_model`` (mmseg ``SegTTAModel``: multi-scale + flip,
+softmax averaged; mmdet ``DetTTAModel``: boxes merged by NMS, box-only detectors) on the config's
+``tta_pipeline``. Sliding-window inference (mmseg) is a config setting:
+``--cfg-options model.test_cfg.mode=slide model.test_cfg.crop_size=(512,512) model.test_cfg.stride=(341,341)``.
+
+``--out-dir DIR``: test-server submission files (tasks/submission.py): ``DIR/results.bbox.json`` and
+``DIR/results.segm.json`` (COCO results format), or one label PNG per image (ADE20K). ``--format-only``
+writes only these, without ground truth or metrics (e.g. on ``image_info_test-dev2017.json``).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from mmengine.config import DictAction  # noqa: E402
 from tasks import build_task  # noqa: E402
 from tasks.checkpoint_io import load_checkpoint_safely, write_json  # noqa: E402
 from tasks.config import default_work_dir, load_config  # noqa: E402
+from tasks.submission import SubmissionWriter  # noqa: E402
 from tasks.trainer import build_trainer  # noqa: E402
 from tasks.visualize import PredictionWriter  # noqa: E402
 
@@ -38,6 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--show-dir', help='write prediction overlays (PNG) here')
     parser.add_argument('--score-thr', type=float, default=0.3,
                         help='detection score threshold for --show-dir')
+    parser.add_argument('--tta', action='store_true',
+                        help="test-time augmentation with the config's tta_model and tta_pipeline")
+    parser.add_argument('--out-dir', help='write submission files here (COCO results json / label PNGs)')
+    parser.add_argument('--format-only', action='store_true',
+                        help='only write the --out-dir submission files: no ground truth, no metrics')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={}, metavar='KEY=VALUE',
                         help='override config keys (values parsed as literals)')
     return parser.parse_args(argv)
@@ -52,15 +67,45 @@ def load_plain_checkpoint(module, path: str) -> None:
 
 
 def format_table(metrics: dict) -> str:
-    width = max([len(k) for k in metrics] + [6])
+    flat = {k: v for k, v in metrics.items() if k != 'per_class'}
+    width = max([len(k) for k in flat] + [6])
     lines = [f'{"metric":<{width}}  value', f'{"-" * width}  ------']
-    lines += [f'{k:<{width}}  {v:.4f}' for k, v in metrics.items()]
+    lines += [f'{k:<{width}}  {v:.4f}' for k, v in flat.items()]
     return '\n'.join(lines)
 
 
-def main(argv=None) -> dict:
+def format_per_class_table(per_class: dict) -> str:
+    """One row per class, one column per metric (mmdet's ``classwise`` AP / mmseg's IoU and Acc table);
+    ``-`` for a class absent from the ground truth."""
+    names = list(per_class)
+    classes = list(dict.fromkeys(c for values in per_class.values() for c in values))
+    width = max([len(str(c)) for c in classes] + [5])
+    cols = [max(len(n), 6) for n in names]
+    lines = [f'{"class":<{width}}  ' + '  '.join(f'{n:>{w}}' for n, w in zip(names, cols)),
+             f'{"-" * width}  ' + '  '.join('-' * w for w in cols)]
+    for c in classes:
+        cells = [per_class[n].get(c) for n in names]
+        lines.append(f'{c:<{width}}  ' + '  '.join('-'.rjust(w) if v is None or v != v else f'{v:{w}.4f}'
+                                                   for v, w in zip(cells, cols)))
+    return '\n'.join(lines)
+
+
+def use_tta_pipeline(cfg, config_path: str) -> None:
+    """Test on the config's ``tta_pipeline`` (as mmengine's Runner does for ``--tta``)."""
+    missing = [key for key in ('tta_model', 'tta_pipeline') if cfg.get(key) is None]
+    if missing:
+        raise ValueError(f'--tta: {config_path} defines no {" / ".join(missing)}. Inherit them from an mmseg '
+                         'ADE20K base or define them as mmdet does (configs/README.md, "Test-time augmentation")')
+    cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+
+
+def main(argv=None, callbacks=()) -> dict:
     args = parse_args(argv)
+    if args.format_only and not args.out_dir:
+        raise SystemExit('--format-only writes submission files only: give the directory with --out-dir DIR')
     cfg = load_config(args.config, args.cfg_options)
+    if args.tta:
+        use_tta_pipeline(cfg, args.config)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
     if not osp.exists(args.checkpoint):
         raise FileNotFoundError(f'checkpoint {args.checkpoint} does not exist')
@@ -71,12 +116,25 @@ def main(argv=None) -> dict:
     module, datamodule = build_task(cfg, init_weights=False)  # the checkpoint provides every weight
     if not is_lightning:
         load_plain_checkpoint(module, args.checkpoint)
-    callbacks = [PredictionWriter(args.show_dir, cfg.default_scope, args.score_thr)] if args.show_dir else []
+    if args.tta:
+        module.enable_tta()
+    module.evaluate_test = not args.format_only
+    callbacks = list(callbacks)
+    if args.show_dir:
+        callbacks.append(PredictionWriter(args.show_dir, cfg.default_scope, args.score_thr))
+    if args.out_dir:
+        callbacks.append(SubmissionWriter(args.out_dir, cfg.default_scope))
     trainer = build_trainer(cfg, work_dir, callbacks=callbacks, for_test=True)
     trainer.test(module, datamodule=datamodule, ckpt_path=args.checkpoint if is_lightning else None,
                  verbose=False)
     metrics = module.test_metrics
+    if args.format_only:
+        if trainer.is_global_zero:
+            print(f'submission files written to {args.out_dir} (--format-only: no metrics)')
+        return metrics
     if trainer.is_global_zero:
+        if metrics.get('per_class'):
+            print(format_per_class_table(metrics['per_class']))
         print(format_table(metrics))
         out = args.out or osp.join(work_dir, 'test_metrics.json')
         write_json(out, metrics)

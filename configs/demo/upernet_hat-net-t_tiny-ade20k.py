@@ -33,6 +33,20 @@ test_pipeline = [
     dict(type='LoadAnnotations', reduce_zero_label=True),
     dict(type='PackSegInputs'),
 ]
+# Test-time augmentation (tools/test.py --tta): mmseg's ADE20K multi-scale + flip (`_base_/datasets/ade20k.py`:
+# ratios 0.5-1.75 of the original image, each also flipped; SegTTAModel averages the softmax of the 12 views).
+tta_model = dict(type='SegTTAModel')
+img_ratios = [0.5, 0.75, 1.0, 1.25, 1.5, 1.75]
+tta_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='TestTimeAug', transforms=[
+        [dict(type='Resize', scale_factor=r, keep_ratio=True) for r in img_ratios],
+        [dict(type='RandomFlip', prob=0., direction='horizontal'),
+         dict(type='RandomFlip', prob=1., direction='horizontal')],
+        [dict(type='LoadAnnotations', reduce_zero_label=True)],
+        [dict(type='PackSegInputs')],
+    ]),
+]
 train_dataloader = dict(
     batch_size=4, num_workers=0, persistent_workers=False,
     sampler=dict(type='DefaultSampler', shuffle=True),

@@ -32,3 +32,20 @@ param_scheduler = _base_.pop('swin_det_1x_param_scheduler')
 optim_wrapper = _base_.pop('stvit_optim_wrapper')
 
 trainer = dict(precision='16-mixed', sync_batchnorm=True, max_epochs=max_epochs)
+
+# Test-time augmentation (tools/test.py --tta): mmdet's RetinaNet TTA (`retinanet/retinanet_tta.py`: three
+# scales x horizontal flip, boxes of all views merged by class-wise NMS), plus LoadAnnotations (after the
+# resize and flip, so at original scale, as in the test pipeline): our evaluator reads the ground truth from
+# the samples, where mmdet's CocoMetric reads the annotation file.
+tta_model = dict(type='DetTTAModel', tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))
+tta_img_scales = [(1333, 800), (666, 400), (2000, 1200)]
+tta_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=None),
+    dict(type='TestTimeAug', transforms=[
+        [dict(type='Resize', scale=s, keep_ratio=True) for s in tta_img_scales],
+        [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+        [dict(type='LoadAnnotations', with_bbox=True)],
+        [dict(type='PackDetInputs',
+              meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor', 'flip', 'flip_direction'))],
+    ]),
+]
