@@ -58,6 +58,8 @@ class MMTaskModule(L.LightningModule):
         evaluator: the torchmetrics evaluator of ``build_evaluator``.
         val_metrics: the last validation metrics (also stored in checkpoints as ``val_metrics``).
         test_metrics: the metrics of the last ``trainer.test``.
+        evaluate_test: False makes test steps only predict, without ground truth or metrics
+            (``tools/test.py --format-only``); True by default.
         skipped_nonfinite: steps skipped for a non-finite loss so far (``nonfinite_loss='skip'``).
     """
 
@@ -76,7 +78,6 @@ class MMTaskModule(L.LightningModule):
         self.evaluator = self.build_evaluator()
         self.val_metrics: dict[str, float] = {}
         self.test_metrics: dict[str, float] = {}
-        # False: test steps only predict (tools/test.py --format-only: submission files, no ground truth)
         self.evaluate_test = True
         self.__dict__['_tta'] = None  # see enable_tta
         self.nonfinite_loss = self.cfg.get('nonfinite_loss') or 'raise'
@@ -170,8 +171,8 @@ class MMTaskModule(L.LightningModule):
         # add every weight a second time (``_tta.module.*``) to the state dict and to checkpoint loading.
         self.__dict__['_tta'] = tta
 
-    def check_tta(self, tta) -> None:
-        """Subclasses refuse TTA models that cannot merge this model's predictions."""
+    def check_tta(self, tta: torch.nn.Module) -> None:
+        """Subclasses refuse TTA models that cannot merge this model's predictions (with a ValueError)."""
 
     def _predict(self, batch: dict) -> list:
         tta = self.__dict__.get('_tta')

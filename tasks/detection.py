@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from mmengine.registry import Registry
 
 from .base import MMTaskModule
@@ -27,7 +28,7 @@ class DetectionModule(MMTaskModule):
         # Mask mAP when the model predicts masks (Mask R-CNN & co.), as CocoMetric(metric=['bbox', 'segm']).
         return DetectionEvaluator(with_masks=getattr(self.model, 'with_mask', False))
 
-    def check_tta(self, tta) -> None:
+    def check_tta(self, tta: torch.nn.Module) -> None:
         from mmdet.models import DetTTAModel
         if isinstance(tta, DetTTAModel) and getattr(self.model, 'with_mask', False):
             raise ValueError(
