@@ -1,5 +1,5 @@
 """Loading weights into the backbones: official releases, plain state dicts, our exports, and detector /
-segmentor / Lightning checkpoints, without ever unpickling arbitrary objects."""
+segmentor training checkpoints (their ``backbone.`` entries), without ever unpickling arbitrary objects."""
 from __future__ import annotations
 
 import argparse
@@ -185,7 +185,7 @@ def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]
                                   f"{sorted({k.split('.')[0] + '.' for k in sd})[:8]}.")
         return sub, meta, layout
     if detect_family(sd) is None:
-        # A detector / segmentor / Lightning checkpoint: take what sits under '...backbone.'.
+        # A detector / segmentor training checkpoint ('backbone.' or 'model.backbone.'): take what sits under it.
         sub = {}
         for k, v in sd.items():
             head, sep, rest = k.partition("backbone.")
