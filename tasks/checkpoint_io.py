@@ -34,7 +34,7 @@ def write_json(path: str | os.PathLike, obj: dict) -> None:
     atomic_write(path, lambda f: f.write(text.encode()))
 
 
-def load_checkpoint_safely(path: str | os.PathLike, map_location=None) -> dict:
+def load_checkpoint_safely(path: str | os.PathLike, map_location: str | torch.device | None = None) -> dict:
     """``torch.load(weights_only=True)`` with the allow-list of ``backbones.pretrained``; a file that holds
     other Python objects (which could run code when unpickled) is refused with ``CheckpointError``."""
     from backbones.pretrained import read_checkpoint

@@ -8,9 +8,10 @@ import os
 import os.path as osp
 import pprint
 import re
+from typing import Any
 
 from mmengine.config import Config
-from mmengine.registry import init_default_scope
+from mmengine.registry import Registry, init_default_scope
 
 SCOPES = ('mmdet', 'mmseg')
 
@@ -78,8 +79,14 @@ def _registry_names(registry) -> set[str]:
     return names
 
 
-def build_from_registry(registry, cfg: dict, what: str = 'model'):
-    """``registry.build(cfg)``; a ``type`` the registry does not know gets the closest registered names."""
+def build_from_registry(registry: Registry, cfg: dict, what: str = 'model') -> Any:
+    """``registry.build(cfg)``; a ``type`` the registry does not know gets the closest registered names.
+
+    Args:
+        registry: the mm registry (e.g. mmdet's ``MODELS``).
+        cfg: the config of the object, with its ``type``.
+        what: what is built, for the error message.
+    """
     try:
         return registry.build(cfg)
     except KeyError as e:

@@ -68,6 +68,8 @@ def _data_paths(ds_cfg: dict):
 
 
 def check_dataset_paths(ds_cfg: dict, section: str) -> None:
+    """Raise ``FileNotFoundError`` naming the config key, the path and the fix for a ``data_root``,
+    ``ann_file`` or ``data_prefix`` of ``ds_cfg`` (wrappers included) that does not exist."""
     for what, path in _data_paths(ds_cfg):
         if '://' not in path and not osp.exists(path):
             raise FileNotFoundError(
@@ -245,12 +247,13 @@ class MMDataModule(L.LightningDataModule):
         self._datasets: dict = {}
 
     def section(self, split: str) -> dict:
+        """The config's ``{split}_dataloader`` section (``split``: 'train', 'val' or 'test')."""
         name = f'{split}_dataloader'
         if self.cfg.get(name) is None:
             raise KeyError(f'the config has no {name} section')
         return self.cfg[name]
 
-    def dataset(self, split: str):
+    def dataset(self, split: str) -> Dataset:
         """The built dataset of a split (cached; also used for metainfo by the evaluator/visualizer)."""
         if split not in self._datasets:
             ds_cfg = self.section(split)['dataset']

@@ -36,8 +36,8 @@ def build_optimizer(model: nn.Module, optim_wrapper_cfg: dict) -> Optimizer:
     return build_optim_wrapper(model, cfg).optimizer
 
 
-def build_schedulers(optimizer: Optimizer, scheduler_cfgs, *, max_epochs: int | None, max_steps: int,
-                     epoch_length: Callable[[], int]) -> list[dict]:
+def build_schedulers(optimizer: Optimizer, scheduler_cfgs: dict | list[dict] | None, *, max_epochs: int | None,
+                     max_steps: int, epoch_length: Callable[[], int]) -> list[dict]:
     """Return Lightning ``lr_scheduler`` config dicts, one per mm scheduler, in config order.
 
     ``end`` defaults to the run length as in mmengine's Runner; ``convert_to_iter_based=True`` needs the

@@ -30,7 +30,7 @@ class PredictionWriter(L.Callback):
         self.score_thr = score_thr
         self.visualizer = None
 
-    def on_test_start(self, trainer, pl_module) -> None:
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
         meta = trainer.datamodule.dataset('test').metainfo
         name = f'show-rank{trainer.global_rank}'
@@ -42,7 +42,8 @@ class PredictionWriter(L.Callback):
             self.visualizer = SegLocalVisualizer(name=name, alpha=1.0)  # alpha 1: the map, not a blend
         self.visualizer.dataset_meta = meta
 
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: list, batch: dict,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
         for sample in outputs:
             sample = sample.cpu()
             image = mmcv.imread(sample.img_path, channel_order='rgb')
