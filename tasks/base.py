@@ -76,8 +76,9 @@ class MMTaskModule(L.LightningModule):
         # job (trainer.sync_batchnorm=True converts every BatchNorm back under DDP).
         self.model = revert_sync_batchnorm(model)
         self.evaluator = self.build_evaluator()
-        self.val_metrics: dict[str, float] = {}
-        self.test_metrics: dict[str, float] = {}
+        # flat float metrics + 'per_class' (see tasks/metrics.py)
+        self.val_metrics: dict = {}
+        self.test_metrics: dict = {}
         self.evaluate_test = True
         self.__dict__['_tta'] = None  # see enable_tta
         self.nonfinite_loss = self.cfg.get('nonfinite_loss') or 'raise'
@@ -195,11 +196,29 @@ class MMTaskModule(L.LightningModule):
             self.evaluator.update(preds)
         return preds  # for callbacks (tasks/visualize.py)
 
-    def _finish_eval(self) -> dict[str, float]:
-        metrics = {k: float(v) for k, v in self.evaluator.compute().items()}  # gathers all ranks
+    def on_validation_epoch_start(self) -> None:
+        self._set_class_names('val')
+
+    def on_test_epoch_start(self) -> None:
+        self._set_class_names('test')
+
+    def _set_class_names(self, split: str) -> None:
+        # per-class results are keyed by the dataset's class names, as mmengine's Evaluator sets dataset_meta
+        datamodule = getattr(self._trainer, 'datamodule', None) if self._trainer is not None else None
+        if datamodule is not None and hasattr(datamodule, 'dataset'):
+            classes = (getattr(datamodule.dataset(split), 'metainfo', None) or {}).get('classes')
+            if classes is not None:
+                self.evaluator.class_names = [str(c) for c in classes]
+
+    def _finish_eval(self) -> dict:
+        """The evaluator's flat float metrics (logged) plus its ``per_class`` dict (not logged)."""
+        result = self.evaluator.compute()  # gathers all ranks
         self.evaluator.reset()
+        metrics = {k: float(v) for k, v in result.items() if k != 'per_class'}
         # Same value on every rank already, so no sync_dist (which would be one more collective).
         self.log_dict(metrics, sync_dist=False)
+        if 'per_class' in result:
+            metrics['per_class'] = result['per_class']
         return metrics
 
     def on_validation_epoch_end(self) -> None:

@@ -3,41 +3,89 @@
 Both are ``torchmetrics.Metric`` subclasses: hold them as child modules, call ``update(data_samples)`` in
 every validation step and ``compute()`` (on every rank: it syncs states across processes) at epoch end, then
 ``reset()``. Ranks may hold different numbers of images.
-``compute()`` returns plain floats under the names logged by the project (see docs/DESIGN.md).
+``compute()`` returns plain floats under the names logged by the project (see docs/DESIGN.md) and
+``per_class = {metric name: {class name: float | None}}`` (None: the class has no ground truth), plain Python
+values that JSON and ``torch.load(weights_only=True)`` accept.
 """
+import contextlib
+import io
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from pycocotools import mask as mask_utils
 from torch import Tensor
+from torchmetrics import Metric
 from torchmetrics.classification import MulticlassJaccardIndex
-from torchmetrics.detection import MeanAveragePrecision
-
-# torchmetrics result key for each of our key suffixes (COCO stats 0-5)
-_MAP_KEYS = {'': 'map', '_50': 'map_50', '_75': 'map_75',
-             '_s': 'map_small', '_m': 'map_medium', '_l': 'map_large'}
 
 
-def _box_tensor(boxes: Any) -> Tensor:
-    return boxes.tensor if hasattr(boxes, 'tensor') else boxes  # mmdet HorizontalBoxes or (N, 4) tensor
+def _numpy(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)
 
 
-def _mask_tensor(masks: Any) -> Tensor:
-    # mmdet BitmapMasks / PolygonMasks (rasterised here) or a (N, H, W) tensor
-    if hasattr(masks, 'to_tensor'):
-        return masks.to_tensor(dtype=torch.bool, device='cpu')
-    return masks.detach().bool().cpu()
+def _boxes_xywh(boxes: Any) -> np.ndarray:
+    """(N, 4) float64 COCO ``[x, y, w, h]`` of mmdet ``HorizontalBoxes`` or an (N, 4) xyxy tensor / array."""
+    xyxy = _numpy(boxes.tensor if hasattr(boxes, 'tensor') else boxes).astype(np.float64).reshape(-1, 4)
+    return np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], axis=1)
 
 
-def _mask_area(masks: Any) -> Tensor:
+def encode_masks_transposed(masks: Any) -> tuple[list[bytes], list[int]]:
+    """COCO RLE ``counts`` of each mask's TRANSPOSE and their RLE size ``[W, H]``, in one pycocotools call and
+    without copying the pixels.
+
+    pycocotools encodes column-major (Fortran) arrays; an (N, H, W) C-ordered stack read as (W, H, N) is one,
+    so encoding it yields the RLEs of the transposed masks at no copy, where encoding the masks themselves
+    would first copy every pixel into Fortran order. Intersections, unions and areas do not change under
+    transposition, so these RLEs give COCOeval's mask IoUs and areas exactly, as long as ground truth and
+    predictions are both encoded this way. They are not for writing result files (their pixels are
+    transposed). Accepts a bool / 0-1 tensor or array (N, H, W), mmdet ``BitmapMasks`` or ``PolygonMasks``
+    (rasterised, as mmdet's ``to_ndarray`` does).
+    """
+    if hasattr(masks, 'to_ndarray'):  # mmdet BitmapMasks (uint8 0/1) / PolygonMasks (rasterised here)
+        masks = masks.to_ndarray()
+    array = _numpy(masks)
+    if array.ndim != 3:
+        raise ValueError(f'masks must be (N, H, W), got shape {array.shape}')
+    size = [int(array.shape[2]), int(array.shape[1])]
+    if len(array) == 0:
+        return [], size
+    if array.dtype == np.bool_:
+        array = array.view(np.uint8)  # same bytes, 0 / 1
+    elif array.dtype != np.uint8 or array.max() > 1:
+        array = (array != 0).view(np.uint8)  # RLE runs toggle between 0 and 1 only
+    array = np.ascontiguousarray(array)
+    return [rle['counts'] for rle in mask_utils.encode(array.transpose(2, 1, 0))], size
+
+
+def _mask_areas(masks: Any) -> np.ndarray:
     # BitmapMasks: pixel count; PolygonMasks: polygon (shoelace) area, like COCO's float `area` of polygons
-    areas = masks.areas if hasattr(masks, 'areas') else masks.flatten(1).sum(1).cpu()
-    return torch.as_tensor(np.asarray(areas, dtype=np.float32)).reshape(-1)
+    areas = masks.areas if hasattr(masks, 'areas') else _numpy(masks).reshape(len(masks), -1).sum(1)
+    return np.asarray(areas, dtype=np.float64).reshape(-1)
 
 
-class DetectionEvaluator(MeanAveragePrecision):
-    """COCO box (and mask) mAP of mmdet ``DetDataSample``s, computed by torchmetrics with faster_coco_eval.
+# mmdet's CocoMetric evaluates with maxDets (100, 300, 1000) (its proposal_nums): mAP at 100 detections per
+# image, the other numbers and the classwise table at 1000 (the same unless a model keeps more than 100).
+_MAX_DETS = [100, 300, 1000]
+# (suffix, IoU threshold index (None: all ten), area range index (all, small, medium, large), maxDets index)
+_AP_SELECTIONS = [('', None, 0, 0), ('_50', 0, 0, 2), ('_75', 5, 0, 2), ('_s', None, 1, 2), ('_m', None, 2, 2),
+                  ('_l', None, 3, 2)]
+
+
+def _average_precision(precision: np.ndarray, iou: Optional[int], area: int, max_dets: int) -> np.ndarray:
+    """(K + 1,) APs of COCOeval's ``eval['precision']`` [T, R, K, A, M]: per category as mmdet's ``classwise``
+    table computes them, then over all categories as ``COCOeval.summarize`` does (the mean of the entries
+    that are not -1); NaN where there is no ground truth in that area range."""
+    p = precision[:, :, :, area, max_dets] if iou is None else precision[iou:iou + 1, :, :, area, max_dets]
+    p = p.transpose(2, 0, 1).reshape(p.shape[2], -1)  # (K, T * R)
+    valid = p > -1
+    sums, counts = np.where(valid, p, 0).sum(1), valid.sum(1)
+    with np.errstate(invalid='ignore', divide='ignore'):
+        return np.append(sums / counts, sums.sum() / counts.sum())
+
+
+class DetectionEvaluator(Metric):
+    """COCO box (and mask) mAP of mmdet ``DetDataSample``s, computed with faster-coco-eval's ``COCOeval_faster``.
 
     ``update(data_samples)`` takes the samples returned by ``model.predict(...)`` /
     ``model(..., mode='predict')``, everything at ORIGINAL image scale (mmdet rescales predictions; its test
@@ -52,6 +100,10 @@ class DetectionEvaluator(MeanAveragePrecision):
     - ``metainfo['img_id']`` (optional, int): samples repeated with the same id (e.g. the padding of a
       ``DistributedSampler``) are evaluated once.
 
+    The state is, per image, the boxes, scores and labels as small numpy arrays and every mask encoded once
+    to COCO RLE (``encode_masks_transposed``): no dense mask is kept. Across processes the per-image lists
+    are gathered as objects (ranks may hold different numbers of images).
+
     Ground-truth ``area`` (COCO's small/medium/large split) is the mask area whenever gt masks are present,
     else the box area. COCO's json ``area`` is the segmentation area: the pixel count for RLE (crowd)
     annotations, the polygon area for polygon ones (within a few pixels of the rasterised count that
@@ -60,85 +112,156 @@ class DetectionEvaluator(MeanAveragePrecision):
 
     ``compute()`` returns floats ``bbox_mAP``, ``bbox_mAP_50``, ``bbox_mAP_75``, ``bbox_mAP_s``,
     ``bbox_mAP_m``, ``bbox_mAP_l`` and, with masks, ``segm_mAP``, ``segm_mAP_50``, ``segm_mAP_75``
-    (COCO's -1 when there is no ground truth).
+    (COCO's -1 when there is no ground truth), and ``per_class``: ``{metric: {class name: float | None}}``
+    for metrics ``bbox_AP``, ``bbox_AP_50``, ``bbox_AP_75``, ``bbox_AP_s``, ``bbox_AP_m``, ``bbox_AP_l`` (and
+    the same ``segm_AP*`` with masks), the columns of mmdet's ``CocoMetric(classwise=True)`` table, unrounded;
+    None where the class has no (non-crowd) ground truth in that area range (mmdet prints nan).
+
+    Args:
+        with_masks: also evaluate ``pred_instances.masks`` against the gt masks (COCO ``segm``).
+        class_names: names of the contiguous class indices, used as ``per_class`` keys (the dataset's
+            ``metainfo['classes']``; the Lightning task sets it from its data module). Without it the keys are
+            the indices as strings, for the classes seen in ground truth or predictions.
+        kwargs: ``torchmetrics.Metric`` options (``process_group``, ...).
     """
 
-    def __init__(self, with_masks: bool = True, **kwargs: Any) -> None:
-        iou_type = ('bbox', 'segm') if with_masks else ('bbox',)
-        # torchmetrics' default thresholds come from float32 torch.linspace (0.550000011..., recall 0.2999999...),
-        # which moves IoU / recall ties and shifts mAP by ~1e-3 on small sets; use COCOeval's float64 ones.
-        kwargs.setdefault('iou_thresholds', np.linspace(0.5, 0.95, 10).tolist())
-        kwargs.setdefault('rec_thresholds', np.linspace(0.0, 1.0, 101).tolist())
-        super().__init__(iou_type=iou_type, backend='faster_coco_eval', **kwargs)
+    full_state_update = False
+
+    def __init__(self, with_masks: bool = True, class_names: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.with_masks = with_masks
-        self.add_state('image_ids', default=[], dist_reduce_fx=None)
+        self.class_names = class_names
+        # one dict of numpy arrays / RLE lists per image (plain objects: they stay on the CPU)
+        self.add_state('images', default=[], dist_reduce_fx=None)
+
+    def _apply(self, fn: Any, exclude_state: Sequence[str] = ()) -> Any:
+        # Module.to / .cuda must not touch the per-image records (numpy and bytes, not tensors)
+        return super()._apply(fn, exclude_state=(*exclude_state, 'images'))
 
     def update(self, data_samples: Sequence[Any]) -> None:  # type: ignore[override]
-        preds, targets = [], []
         for sample in data_samples:
             pred = sample.pred_instances
-            preds.append(dict(boxes=pred.bboxes.detach().float().cpu(),
-                              scores=pred.scores.detach().float().cpu(),
-                              labels=pred.labels.detach().long().cpu()))
-            if self.with_masks:
-                # MeanAveragePrecision RLE-encodes masks right away and keeps only the RLEs
-                preds[-1]['masks'] = pred.masks.detach().bool()
-
+            record = dict(dt_boxes=_boxes_xywh(pred.bboxes),
+                          dt_scores=_numpy(pred.scores).astype(np.float64).reshape(-1),
+                          dt_labels=_numpy(pred.labels).astype(np.int64).reshape(-1))
             parts = [sample.gt_instances]
             ignored = sample.get('ignored_instances')
             if ignored is not None and 'labels' in ignored:
                 parts.append(ignored)
-            labels = [p.labels.long().cpu().reshape(-1) for p in parts]
-            boxes = torch.cat([_box_tensor(p.bboxes).float().cpu().reshape(-1, 4) for p in parts])
-            iscrowd = torch.cat([torch.full_like(x, i) for i, x in enumerate(labels)])  # 0: gt, 1: ignored
-            target = dict(boxes=boxes, labels=torch.cat(labels), iscrowd=iscrowd)
+            labels = [_numpy(p.labels).astype(np.int64).reshape(-1) for p in parts]
+            record['gt_boxes'] = np.concatenate([_boxes_xywh(p.bboxes) for p in parts])
+            record['gt_labels'] = np.concatenate(labels)
+            record['gt_crowd'] = np.concatenate([np.full(len(x), i) for i, x in enumerate(labels)])  # 1: ignored
             if all('masks' in p for p in parts):
-                target['area'] = torch.cat([_mask_area(p.masks) for p in parts])
+                record['gt_areas'] = np.concatenate([_mask_areas(p.masks) for p in parts])
             else:
-                target['area'] = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+                record['gt_areas'] = record['gt_boxes'][:, 2] * record['gt_boxes'][:, 3]
             if self.with_masks:
-                target['masks'] = torch.cat([_mask_tensor(p.masks) for p in parts])
-            targets.append(target)
+                self._encode_masks(record, pred, parts, sample.metainfo.get('img_path', ''))
+            if 'size' not in record:  # box-only: the image size (unused by box COCOeval)
+                height, width = sample.metainfo.get('ori_shape', (0, 0))
+                record['size'] = [int(width), int(height)]
             img_id = sample.metainfo.get('img_id', -1)
-            img_id = int(img_id) if isinstance(img_id, (int, np.integer)) else -1
-            self.image_ids.append(torch.tensor([img_id]))
-        super().update(preds, targets)
+            record['img_id'] = int(img_id) if isinstance(img_id, (int, np.integer)) else -1
+            self.images.append(record)
 
-    def compute(self) -> dict[str, float]:  # type: ignore[override]
-        self._dedup_and_sort_images()
-        res = super().compute()
-        out = {}
-        for iou_type in self.iou_type:
-            prefix = f'{iou_type}_' if len(self.iou_type) > 1 else ''
-            suffixes = list(_MAP_KEYS) if iou_type == 'bbox' else ['', '_50', '_75']
-            out.update({f'{iou_type}_mAP{s}': float(res[prefix + _MAP_KEYS[s]]) for s in suffixes})
+    @staticmethod
+    def _encode_masks(record: dict, pred: Any, parts: list, img_path: str) -> None:
+        record['dt_masks'], size = encode_masks_transposed(pred.masks)
+        gt = [encode_masks_transposed(p.masks) for p in parts]
+        record['gt_masks'] = [c for counts, _ in gt for c in counts]
+        sizes = {tuple(s) for counts, s in [(record['dt_masks'], size), *gt] if counts}
+        if len(sizes) > 1:
+            raise ValueError(f'image {img_path}: masks of different sizes {sorted(sizes)} (transposed: W, H) in '
+                             'one sample; predictions and ground truth must both be at the original image scale')
+        record['size'] = list(sizes.pop()) if sizes else size  # [W, H] of the transposed masks
+        record['dt_mask_areas'] = (mask_utils.area([dict(size=record['size'], counts=c) for c in record['dt_masks']])
+                                   .astype(np.float64).reshape(-1) if record['dt_masks'] else np.zeros(0))
+
+    def compute(self) -> dict[str, Any]:  # type: ignore[override]
+        images = self._dedup_and_sort_images()
+        labels = np.concatenate([np.zeros(0, np.int64)] + [r[k] for r in images for k in ('gt_labels', 'dt_labels')])
+        if self.class_names is not None:
+            num_classes = len(self.class_names)
+            if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+                raise ValueError(f'DetectionEvaluator: label {int(labels.max())} outside the {num_classes} classes '
+                                 f'of class_names (first: {list(self.class_names[:3])}); the model\'s num_classes '
+                                 'and the dataset\'s metainfo classes must agree')
+            cat_ids = list(range(num_classes))
+            names = [str(n) for n in self.class_names]
+        else:
+            cat_ids = sorted(set(labels.tolist()))
+            names = [str(c) for c in cat_ids]
+
+        out: dict[str, Any] = {}
+        per_class: dict[str, dict[str, Optional[float]]] = {}
+        for iou_type in ('bbox', 'segm') if self.with_masks else ('bbox',):
+            precision = _coco_precision(images, cat_ids, iou_type)
+            for suffix, iou, area, max_dets in _AP_SELECTIONS:
+                ap = (_average_precision(precision, iou, area, max_dets) if precision is not None
+                      else np.full(len(names) + 1, np.nan))
+                if iou_type == 'bbox' or suffix in ('', '_50', '_75'):
+                    out[f'{iou_type}_mAP{suffix}'] = float(ap[-1]) if np.isfinite(ap[-1]) else -1.0  # COCO's -1
+                per_class[f'{iou_type}_AP{suffix}'] = {
+                    n: (float(v) if np.isfinite(v) else None) for n, v in zip(names, ap[:-1], strict=True)}
+        out['per_class'] = per_class
         return out
 
-    def _dedup_and_sort_images(self) -> None:
+    def _dedup_and_sort_images(self) -> list[dict]:
         # Keep the first sample of each img_id (id -1: always kept), in img_id order. COCOeval breaks score
         # ties between images by image order, so this makes results independent of update / rank order and
-        # equal to the official evaluation (which sorts image ids). Idempotent: editing the states is safe.
-        ids = [int(i) for i in self.image_ids]
+        # equal to the official evaluation (which sorts image ids).
         first: dict[int, int] = {}
-        keep = [k for k, i in enumerate(ids) if i < 0 or first.setdefault(i, k) == k]
-        keep.sort(key=lambda k: ids[k])
-        for name in self._defaults:
-            states = getattr(self, name)
-            if states:  # per-image lists; mask lists stay empty without 'segm'
-                assert len(states) == len(ids), name
-                setattr(self, name, [states[k] for k in keep])
+        keep = [k for k, r in enumerate(self.images) if r['img_id'] < 0 or first.setdefault(r['img_id'], k) == k]
+        keep.sort(key=lambda k: self.images[k]['img_id'])
+        return [self.images[k] for k in keep]
 
     def _sync_dist(self, dist_sync_fn: Optional[Any] = None, process_group: Optional[Any] = None) -> None:
-        # MeanAveragePrecision gathers its per-image lists one tensor at a time, which needs the same number
-        # of images on every rank (otherwise it hangs or drops images). Gather each rank's lists as one object
-        # instead (CPU tensors, so that they unpickle on any rank).
+        # Gather each rank's list of per-image records as one object: ranks may hold different numbers of
+        # images (a per-tensor gather would need equal counts), and the records are numpy arrays and bytes.
         group = process_group or self.process_group
-        local = {name: [s.cpu() if isinstance(s, Tensor) else s for s in getattr(self, name)]
-                 for name in self._defaults}
         gathered: list = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, local, group=group)
-        for name in self._defaults:
-            setattr(self, name, [s for rank_states in gathered for s in rank_states[name]])
+        dist.all_gather_object(gathered, list(self.images), group=group)
+        self.images = [record for rank_records in gathered for record in rank_records]
+
+
+def _coco_precision(images: list[dict], cat_ids: list[int], iou_type: str) -> Optional[np.ndarray]:
+    """COCOeval_faster's ``eval['precision']`` [T, R, K, A, M] on the records (None when there is nothing to
+    evaluate). Images are numbered in their (sorted) order, which COCOeval keeps."""
+    from faster_coco_eval import COCO, COCOeval_faster
+
+    if not images or not cat_ids:
+        return None
+    gt_anns, dt_anns = [], []
+    segm = iou_type == 'segm'
+    for img, r in enumerate(images, start=1):
+        for k in range(len(r['gt_labels'])):
+            ann = dict(id=len(gt_anns) + 1, image_id=img, category_id=int(r['gt_labels'][k]),
+                       bbox=r['gt_boxes'][k].tolist(), area=float(r['gt_areas'][k]), iscrowd=int(r['gt_crowd'][k]))
+            if segm:
+                ann['segmentation'] = dict(size=r['size'], counts=r['gt_masks'][k])
+            gt_anns.append(ann)
+        for k in range(len(r['dt_labels'])):
+            ann = dict(id=len(dt_anns) + 1, image_id=img, category_id=int(r['dt_labels'][k]),
+                       score=float(r['dt_scores'][k]), iscrowd=0, bbox=r['dt_boxes'][k].tolist())
+            if segm:  # mask results: areas from the masks (mmdet drops their boxes; segm COCOeval ignores them)
+                ann['segmentation'] = dict(size=r['size'], counts=r['dt_masks'][k])
+                ann['area'] = float(r['dt_mask_areas'][k])
+            else:
+                ann['area'] = float(r['dt_boxes'][k, 2] * r['dt_boxes'][k, 3])
+            dt_anns.append(ann)
+    # RLE size [rows, cols] of the (transposed) masks
+    image_list = [dict(id=i, height=r['size'][0], width=r['size'][1]) for i, r in enumerate(images, start=1)]
+    categories = [dict(id=c, name=str(c)) for c in cat_ids]
+    coco_gt = COCO(dict(images=image_list, annotations=gt_anns, categories=categories))
+    coco_dt = COCO(dict(images=image_list, annotations=dt_anns, categories=categories))
+    coco_eval = COCOeval_faster(coco_gt, coco_dt, iou_type)
+    coco_eval.params.catIds = cat_ids
+    coco_eval.params.maxDets = list(_MAX_DETS)
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_eval.evaluate()
+        coco_eval.accumulate()
+    return coco_eval.eval['precision']
 
 
 class SegmentationEvaluator(MulticlassJaccardIndex):
@@ -150,10 +273,23 @@ class SegmentationEvaluator(MulticlassJaccardIndex):
     (torchmetrics' macro average gives it weight 0), a class predicted but absent from the ground truth counts
     with IoU 0, and mAcc averages only the classes present in the ground truth. The state is one (C, C)
     confusion matrix, summed across processes.
+
+    ``compute()`` also returns ``per_class = {'IoU': {class name: float | None}, 'Acc': {...}}``, the columns
+    of mmseg's per-class table as fractions; None for a class absent from the ground truth (mmseg prints nan
+    there, or an IoU of 0 when the class was predicted).
+
+    Args:
+        num_classes: number of classes (the decode head's ``num_classes``).
+        ignore_index: ground-truth label that is not evaluated.
+        class_names: the ``per_class`` keys (the dataset's ``metainfo['classes']``, ``num_classes`` of them; the
+            Lightning task sets it from its data module); default: the class indices as strings.
+        kwargs: ``torchmetrics.Metric`` options.
     """
 
-    def __init__(self, num_classes: int, ignore_index: int = 255, **kwargs: Any) -> None:
+    def __init__(self, num_classes: int, ignore_index: int = 255, class_names: Optional[Sequence[str]] = None,
+                 **kwargs: Any) -> None:
         super().__init__(num_classes=num_classes, ignore_index=ignore_index, average='macro', **kwargs)
+        self.class_names = class_names
         self._per_class: Optional[dict[str, Tensor]] = None
 
     def update(self, data_samples: Sequence[Any]) -> None:  # type: ignore[override]
@@ -161,13 +297,21 @@ class SegmentationEvaluator(MulticlassJaccardIndex):
         target = torch.cat([s.gt_sem_seg.data.reshape(-1) for s in data_samples]).to(self.device)
         super().update(preds.long(), target.long())
 
-    def compute(self) -> dict[str, float]:  # type: ignore[override]
+    def compute(self) -> dict[str, Any]:  # type: ignore[override]
         confmat = self.confmat.double()  # rows: ground truth, columns: prediction
         tp, gt_area, pred_area = confmat.diag(), confmat.sum(1), confmat.sum(0)
         # 0 / 0 = NaN marks the classes mmseg excludes (its nanmean)
         self._per_class = dict(IoU=tp / (gt_area + pred_area - tp), Acc=tp / gt_area)
+        names = self.class_names if self.class_names is not None else [str(c) for c in range(self.num_classes)]
+        if len(names) != self.num_classes:
+            raise ValueError(f'SegmentationEvaluator: {len(names)} class_names for num_classes={self.num_classes}; '
+                             "the decode head's num_classes and the dataset's metainfo classes must agree")
+        present = (gt_area > 0).tolist()
+        per_class = {metric: {str(n): (float(v) if p else None)
+                              for n, v, p in zip(names, values.tolist(), present, strict=True)}
+                     for metric, values in self._per_class.items()}
         return {'mIoU': float(super().compute()), 'aAcc': float(tp.sum() / gt_area.sum()),
-                'mAcc': float(self._per_class['Acc'].nanmean())}
+                'mAcc': float(self._per_class['Acc'].nanmean()), 'per_class': per_class}
 
     def per_class_iou(self) -> Tensor:
         """Per-class IoU (NaN: class absent from prediction and ground truth) of the last ``compute()``."""

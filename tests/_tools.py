@@ -13,3 +13,12 @@ def load_tool(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def flat_metrics(metrics: dict) -> dict:
+    """An evaluator's metrics with ``per_class`` spread into ``per_class/METRIC/CLASS`` keys (None -> NaN), for
+    ``pytest.approx(..., nan_ok=True)``, which refuses nested dicts."""
+    flat = {k: v for k, v in metrics.items() if k != 'per_class'}
+    for metric, values in (metrics.get('per_class') or {}).items():
+        flat.update({f'per_class/{metric}/{c}': float('nan') if v is None else v for c, v in values.items()})
+    return flat

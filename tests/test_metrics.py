@@ -14,9 +14,10 @@ import torch.distributed as dist
 from pycocotools import mask as mask_utils
 
 from tasks.metrics import DetectionEvaluator, SegmentationEvaluator
+from tests._tools import flat_metrics, load_tool
 
-CLASSES = ('person', 'car', 'dog')
-CAT_IDS = (3, 7, 18)  # COCO-style non-contiguous ids: mmdet label i <-> CAT_IDS[i]
+CLASSES = ('person', 'car', 'dog', 'cat')  # 'cat' is predicted (false positives) but never in the ground truth
+CAT_IDS = (3, 7, 18, 25)  # COCO-style non-contiguous ids: mmdet label i <-> CAT_IDS[i]
 BBOX_KEYS = ['bbox_mAP', 'bbox_mAP_50', 'bbox_mAP_75', 'bbox_mAP_s', 'bbox_mAP_m', 'bbox_mAP_l']
 SEGM_KEYS = ['segm_mAP', 'segm_mAP_50', 'segm_mAP_75']
 STAT_SUFFIXES = ['', '_50', '_75', '_s', '_m', '_l']  # COCOeval.stats[:6]
@@ -86,7 +87,7 @@ def make_detection_data(seed: int = 0, n_images: int = 10):
                     labels.append(label if rng.random() < 0.9 else int(rng.integers(3)))
             for _ in range(rng.integers(0, 4)):  # false positives
                 boxes.append(_random_box(rng, h, w, rng.uniform(8, 100)))
-                labels.append(int(rng.integers(3)))
+                labels.append(int(rng.integers(4)))
         boxes = np.clip(np.array(boxes, np.float32).reshape(-1, 4), 0, [w, h, w, h])
 
         sample = DetDataSample(metainfo=dict(img_id=img_id, ori_shape=(h, w), img_shape=(h, w)))
@@ -128,8 +129,9 @@ def make_segmentation_data(seed: int = 0, n_images: int = 6):
 
 @pytest.fixture(scope='module')
 def det_data(tmp_path_factory):
-    """Samples, mmdet CocoMetric's results on them (against a real COCO ann_file; rounded to 3 decimals) and
-    the unrounded COCOeval stats of the result files CocoMetric wrote."""
+    """Samples, mmdet CocoMetric(classwise=True)'s results on them (against a real COCO ann_file; rounded to 3
+    decimals; 'per_class': its classwise tables by our names), and the unrounded COCOeval stats and classwise
+    APs (mmdet's formula on pycocotools' precision array) of the result files CocoMetric wrote."""
     from mmdet.evaluation import CocoMetric
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
@@ -137,13 +139,13 @@ def det_data(tmp_path_factory):
     samples, coco = make_detection_data()
     tmp = tmp_path_factory.mktemp('coco')
     (tmp / 'instances.json').write_text(json.dumps(coco))
-    metric = CocoMetric(ann_file=str(tmp / 'instances.json'), metric=['bbox', 'segm'],
+    metric = CocoMetric(ann_file=str(tmp / 'instances.json'), metric=['bbox', 'segm'], classwise=True,
                         outfile_prefix=str(tmp / 'results'))
     metric.dataset_meta = dict(classes=CLASSES)  # CocoMetric maps label i to the id of category CLASSES[i]
     metric.process({}, [s.to_dict() for s in samples])  # what mmengine's Evaluator feeds it
-    ref = {k.split('/')[-1]: v for k, v in metric.evaluate(len(samples)).items()}
+    ref = load_tool('benchmark_eval').run_coco_metric(metric, len(samples))  # + its classwise tables
 
-    exact = {}
+    exact = {'per_class': {}}
     with contextlib.redirect_stdout(io.StringIO()):
         gt = COCO(str(tmp / 'instances.json'))
         for iou_type in ('bbox', 'segm'):
@@ -151,10 +153,19 @@ def det_data(tmp_path_factory):
             if iou_type == 'segm':  # as CocoMetric does, so that mask AP_s/m/l use mask areas
                 [d.pop('bbox') for d in dets]
             coco_eval = COCOeval(gt, gt.loadRes(dets), iou_type)
+            coco_eval.params.catIds = list(CAT_IDS)  # as CocoMetric: the dataset's classes, in their order
             coco_eval.evaluate()
             coco_eval.accumulate()
             coco_eval.summarize()
             exact.update({f'{iou_type}_mAP{s}': coco_eval.stats[i] for i, s in enumerate(STAT_SUFFIXES)})
+            precision = coco_eval.eval['precision']  # [IoU, recall, class, area, maxDets]
+            for suffix, iou, area in (('', slice(None), 0), ('_50', slice(0, 1), 0), ('_75', slice(5, 6), 0),
+                                      ('_s', slice(None), 1), ('_m', slice(None), 2), ('_l', slice(None), 3)):
+                exact['per_class'][f'{iou_type}_AP{suffix}'] = {}
+                for k, name in enumerate(CLASSES):
+                    p = precision[iou, :, k, area, -1]
+                    p = p[p > -1]
+                    exact['per_class'][f'{iou_type}_AP{suffix}'][name] = float(np.mean(p)) if p.size else None
     return samples, ref, exact
 
 
@@ -170,7 +181,9 @@ def seg_data():
     # mmseg's unrounded per-class IoU
     areas = [IoUMetric.intersect_and_union(s.pred_sem_seg.data.squeeze(), s.gt_sem_seg.data.squeeze(),
                                            SEG_CLASSES, 255) for s in samples]
-    ref['IoU'] = IoUMetric.total_area_to_metrics(*[sum(a) for a in zip(*areas, strict=True)], ['mIoU'])['IoU']
+    per_class = IoUMetric.total_area_to_metrics(*[sum(a) for a in zip(*areas, strict=True)], ['mIoU'])
+    ref['IoU'], ref['Acc'] = per_class['IoU'], per_class['Acc']
+    ref['gt_area'] = sum(a[3] for a in areas).numpy()  # area_label: ground-truth pixels per class
     return samples, ref
 
 
@@ -184,20 +197,41 @@ def test_detection_matches_mmdet(det_data):
     samples, ref, exact = det_data
     # the data exercise every number: no -1 (empty area range) and no trivial 0 / 1
     assert all(0.05 < ref[k] < 0.95 for k in BBOX_KEYS + SEGM_KEYS), ref
-    out = _evaluate(DetectionEvaluator(), [samples[:4], samples[4:]])
-    assert set(out) == set(BBOX_KEYS + SEGM_KEYS)
+    out = _evaluate(DetectionEvaluator(class_names=CLASSES), [samples[:4], samples[4:]])
+    assert set(out) == set(BBOX_KEYS + SEGM_KEYS + ['per_class'])
     for k in BBOX_KEYS + SEGM_KEYS:
         assert out[k] == pytest.approx(ref[k], abs=1e-3), k  # mmdet rounds to 3 decimals
         assert out[k] == pytest.approx(exact[k], abs=1e-6), k
+    _check_per_class(out['per_class'], ref['per_class'], exact['per_class'], ['bbox', 'segm'])
+
+
+def _check_per_class(ours: dict, ref: dict, exact: dict, iou_types: list) -> None:
+    names = [f'{t}_AP{s}' for t in iou_types for s in STAT_SUFFIXES]
+    assert set(ours) == set(names) and all(set(ours[m]) == set(CLASSES) for m in names)
+    # every class of the table is exercised: one without ground truth, the others with AP in (0, 1)
+    assert ref['bbox_AP']['cat'] is None and ours['bbox_AP']['cat'] is None
+    assert all(0.05 < ref['bbox_AP'][c] < 0.95 for c in CLASSES[:3]), ref['bbox_AP']
+    assert sum(v is None for m in names for v in ref[m].values()) > len(iou_types)  # some empty area ranges too
+    for m in names:
+        for c in CLASSES:  # None exactly where mmdet prints nan
+            assert (ours[m][c] is None) == (ref[m][c] is None) == (exact[m][c] is None), (m, c)
+            if ours[m][c] is not None:
+                assert ours[m][c] == pytest.approx(ref[m][c], abs=5.01e-4), (m, c)  # mmdet's table: 3 decimals
+                assert ours[m][c] == pytest.approx(exact[m][c], abs=1e-6), (m, c)
+    assert json.loads(json.dumps(ours, allow_nan=False)) == ours  # plain JSON: null, never NaN
 
 
 def test_detection_box_only_matches_mmdet(det_data):
     samples, ref, exact = det_data
-    out = _evaluate(DetectionEvaluator(with_masks=False), [samples])
-    assert set(out) == set(BBOX_KEYS)
+    out = _evaluate(DetectionEvaluator(with_masks=False, class_names=CLASSES), [samples])
+    assert set(out) == set(BBOX_KEYS + ['per_class'])
     for k in BBOX_KEYS:
         assert out[k] == pytest.approx(ref[k], abs=1e-3), k
         assert out[k] == pytest.approx(exact[k], abs=1e-6), k
+    _check_per_class(out['per_class'], ref['per_class'], exact['per_class'], ['bbox'])
+    # without class names the classes are named by their indices, for those seen
+    unnamed = _evaluate(DetectionEvaluator(with_masks=False), [samples])['per_class']['bbox_AP']
+    assert unnamed == {str(i): out['per_class']['bbox_AP'][c] for i, c in enumerate(CLASSES)}
 
 
 def test_detection_order_split_duplicates_reset(det_data):
@@ -213,11 +247,26 @@ def test_detection_order_split_duplicates_reset(det_data):
 
 def test_segmentation_matches_mmseg(seg_data):
     samples, ref = seg_data
-    evaluator = SegmentationEvaluator(num_classes=SEG_CLASSES)
+    names = [f'c{i}' for i in range(SEG_CLASSES)]
+    evaluator = SegmentationEvaluator(num_classes=SEG_CLASSES, class_names=names)
     out = _evaluate(evaluator, [samples[:2], samples[2:]])
-    assert set(out) == {'mIoU', 'aAcc', 'mAcc'}
-    for k in out:  # mmseg rounds to 2 decimals of a percent
+    assert set(out) == {'mIoU', 'aAcc', 'mAcc', 'per_class'}
+    for k in ('mIoU', 'aAcc', 'mAcc'):  # mmseg rounds to 2 decimals of a percent
         assert out[k] == pytest.approx(ref[k], abs=1e-3), k
+    # per class: mmseg's unrounded table where the class has ground truth, None (JSON null) where not
+    assert set(out['per_class']) == {'IoU', 'Acc'}
+    for metric in ('IoU', 'Acc'):
+        assert list(out['per_class'][metric]) == names
+        for i, name in enumerate(names):
+            value = out['per_class'][metric][name]
+            if ref['gt_area'][i] > 0:
+                assert value == pytest.approx(ref[metric][i], rel=1e-6), (metric, name)
+            else:  # class 5 (predicted: mmseg IoU 0, Acc nan) and 6 (nowhere: nan)
+                assert value is None, (metric, name)
+    assert ref['IoU'][5] == 0 and np.isnan(ref['IoU'][6]) and (ref['gt_area'][:5] > 0).all()
+    assert json.loads(json.dumps(out, allow_nan=False)) == out
+    assert list(_evaluate(SegmentationEvaluator(SEG_CLASSES), [samples])['per_class']['IoU']) == [
+        str(i) for i in range(SEG_CLASSES)]
     iou, acc = evaluator.per_class_iou(), evaluator.per_class_acc()
     np.testing.assert_allclose(iou.numpy(), ref['IoU'], rtol=1e-6)  # NaNs at the same places
     assert iou[5] == 0 and torch.isnan(iou[6]) and torch.isnan(acc[5]) and torch.isnan(acc[6])
@@ -266,4 +315,4 @@ def test_ddp_sync(det_data, seg_data):
             if p.is_alive():
                 p.kill()
     for r in range(2):
-        assert results[r] == pytest.approx(expected, abs=1e-6), results[r]
+        assert flat_metrics(results[r]) == pytest.approx(flat_metrics(expected), abs=1e-6, nan_ok=True), results[r]
