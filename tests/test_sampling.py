@@ -151,3 +151,20 @@ def test_sample_seeds_and_mid_epoch_skip(coco):
     with pytest.raises(ValueError, match=r'batching of the checkpoint \(AspectRatioBatchSampler\).*BatchSampler.*'
                                          r'train_dataloader\.batch_sampler\.type=AspectRatioBatchSampler'):
         plain.load_state_dict(state)
+
+
+def test_lightning_sets_the_epoch_and_keeps_the_batch_sampler(coco):
+    """Lightning calls ``set_epoch`` on ``loader.batch_sampler.sampler``; under DDP it would swap a loader's
+    sampler for its own DistributedSampler (breaking the batch sampler) unless ``use_distributed_sampler``
+    is off, which the trainer kwargs ensure (every loader shards itself)."""
+    from lightning.fabric.utilities.data import _set_sampler_epoch
+
+    from tasks.trainer import trainer_kwargs
+    dm = datamodule(coco)
+    loader = dm.train_dataloader()
+    _set_sampler_epoch(loader, 5)
+    assert loader.batch_sampler.sampler.epoch == 5
+    assert trainer_kwargs(dm.cfg)['use_distributed_sampler'] is False
+    dm.cfg.trainer.use_distributed_sampler = True
+    with pytest.raises(ValueError, match='shards every split itself'):
+        trainer_kwargs(dm.cfg)
