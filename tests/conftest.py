@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-REFERENCE = SHARED / "reference"
+# The golden vectors and the released variants' key manifest, committed with the tests (tests/data/README.md).
+GOLDEN_DATA = ROOT / "tests" / "data"
 sys.path.insert(0, str(ROOT))
 
 # Deterministic, single-threaded-per-test defaults: the CI machine has 2 cores.
@@ -15,6 +15,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 @pytest.fixture(scope="session")
 def reference_dir():
-    if not REFERENCE.is_dir():
-        pytest.fail(f"golden vectors not found at {REFERENCE}; the tests need ../shared/reference/")
-    return REFERENCE
+    if not (GOLDEN_DATA / "official_keys.json").is_file():
+        pytest.fail(f"golden vectors not found in {GOLDEN_DATA}: they are part of the repository; restore them "
+                    "with `git checkout -- tests/data`")
+    return GOLDEN_DATA

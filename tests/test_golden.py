@@ -1,5 +1,5 @@
 """Our backbones compute exactly what the official models compute: features and gradients on the golden
-vectors made from the official code (../shared/reference), loaded under the official key names."""
+vectors made from the official code (tests/data/README.md), loaded under the official key names."""
 import pytest
 import torch
 
@@ -79,3 +79,19 @@ def test_gradients_match_official(golden, with_cp):
             assert compared > 0.9 * len(params)
     finally:
         model.with_cp = False
+
+
+def test_golden_data_is_the_recorded_set(reference_dir):
+    """The committed files are the ones tests/data/README.md describes (sha256), and, where a checkout has
+    the project's reference set beside it (../shared/reference), byte-identical to it."""
+    import hashlib
+    import re
+    recorded = dict(re.findall(r"^\| `([\w.]+)` \|.*\| `([0-9a-f]{64})` \|$", (reference_dir / "README.md").read_text(),
+                               flags=re.M))
+    assert sorted(recorded) == sorted(CASES) + ["official_keys.json"]
+    shared = reference_dir.parents[2] / "shared" / "reference"
+    for name, sha in recorded.items():
+        data = (reference_dir / name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == sha, f"tests/data/{name} differs from its recorded sha256"
+        if shared.is_dir():
+            assert (shared / name).read_bytes() == data, f"tests/data/{name} differs from {shared / name}"
