@@ -4,21 +4,58 @@ The classes are registered in mmengine's root MODELS registry, which mmdet's and
 search as their parent, so both libraries build them without this module importing either. The
 adapters add only mm's ``init_cfg`` convention; ``Pretrained`` goes through ``load_pretrained`` (safe
 loading, official key filter, strict key and shape checks) instead of mmengine's ``load_checkpoint``.
+
+A ``pretrained=`` that reaches an adapter usually comes from the config's ``model.pretrained``: mmseg's
+``EncoderDecoder`` forwards it to the backbone, and mmseg's stock configs set it for their ResNet
+(``'open-mmlab://resnet50_v1c'``). A value that cannot be a checkpoint of this backbone is refused with an
+error that names ``model.pretrained`` and the fix (``model.pretrained=None`` and ``backbone.init_cfg``):
+a URL or a missing file before anything is built, a file that does not fit as soon as it is read.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 
 from .hatnet import HATNet
-from .pretrained import load_pretrained
+from .pretrained import CheckpointError, check_checkpoint_path, load_pretrained
 from .stvit import STViT
 
 
+@contextlib.contextmanager
+def _checked_pretrained(type_name: str, pretrained):
+    """Around the backbone's construction: a ``pretrained=`` that cannot be a checkpoint of this backbone
+    is refused in words that name model.pretrained and the fix (see the module docstring)."""
+    def refuse(problem: str, cause: Exception):
+        raise CheckpointError(
+            f"{type_name} backbone got pretrained={pretrained!r}, which is not a checkpoint of it: "
+            f"{problem.rstrip('.')}. In "
+            "an mm config this value comes from model.pretrained (mmseg's EncoderDecoder forwards it to the "
+            "backbone; mmseg's stock configs set it for their ResNet, e.g. 'open-mmlab://resnet50_v1c'). Set "
+            "model.pretrained=None (--cfg-options model.pretrained=None) and load the backbone's weights with "
+            f"model.backbone.init_cfg=dict(type='Pretrained', checkpoint='PATH/TO/{type_name.lower()}.pth')."
+        ) from cause
+
+    if isinstance(pretrained, (str, os.PathLike)):
+        try:
+            check_checkpoint_path(pretrained)
+        except CheckpointError as e:
+            refuse(str(e), e)
+    try:
+        yield
+    except CheckpointError as e:
+        if pretrained is None:
+            raise
+        refuse(str(e), e)
+
+
 class _MMInit:
+    type_name = ""  # the registered name, for error messages
+
     def _set_init_cfg(self, init_cfg):
         self.init_cfg = copy.deepcopy(init_cfg)
 
@@ -36,8 +73,11 @@ class _MMInit:
 class MMSTViT(_MMInit, STViT, BaseModule):
     """STViT for mm configs: same arguments as ``backbones.STViT`` plus ``init_cfg``."""
 
+    type_name = "STViT"
+
     def __init__(self, *args, init_cfg=None, **kwargs):
-        super().__init__(*args, **kwargs)
+        with _checked_pretrained(self.type_name, kwargs.get("pretrained")):
+            super().__init__(*args, **kwargs)
         self._set_init_cfg(init_cfg)
 
 
@@ -45,6 +85,9 @@ class MMSTViT(_MMInit, STViT, BaseModule):
 class MMHATNet(_MMInit, HATNet, BaseModule):
     """HAT-Net for mm configs: same arguments as ``backbones.HATNet`` plus ``init_cfg``."""
 
+    type_name = "HATNet"
+
     def __init__(self, *args, init_cfg=None, **kwargs):
-        super().__init__(*args, **kwargs)
+        with _checked_pretrained(self.type_name, kwargs.get("pretrained")):
+            super().__init__(*args, **kwargs)
         self._set_init_cfg(init_cfg)

@@ -87,16 +87,26 @@ def state_dict_diff(given: Mapping[str, torch.Tensor], expected: Mapping[str, to
 
 
 # --- reading files -------------------------------------------------------------------------------------
+def check_checkpoint_path(path: str | os.PathLike) -> str:
+    """``path`` as a string if it names a local file; CheckpointError for a URL or a missing file."""
+    path = os.fspath(path)
+    scheme = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path)
+    if scheme:  # e.g. 'open-mmlab://resnet50_v1c', 'torchvision://resnet50', 'https://...'
+        raise CheckpointError(f"Checkpoint {path!r} is a URL ({scheme.group(0)}...); STViT / HAT-Net load local "
+                              "files only. Download the checkpoint and pass its path.")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"Checkpoint file not found: {path!r}. Check the path (relative paths are "
+                              f"resolved from {os.getcwd()!r}).")
+    return path
+
+
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
     """Read a .pth/.pt/.ckpt (weights_only, allow-listed classes) or .safetensors file.
 
     Returns (object, safetensors metadata). Raises CheckpointError with the path and the fix for a missing,
     truncated, corrupt or unsafe file.
     """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"Checkpoint file not found: {path!r}. Check the path (relative paths are "
-                              f"resolved from {os.getcwd()!r}).")
+    path = check_checkpoint_path(path)
     _check_content_matches_extension(path)
     if path.endswith(".safetensors"):
         from safetensors import SafetensorError, safe_open

@@ -58,3 +58,60 @@ def test_detector_keys_are_backbone_keys_with_prefix(tmp_path):
     bb.init_weights()
     for k, v in bb.state_dict().items():
         torch.testing.assert_close(v, det.state_dict()[f"backbone.{k}"], rtol=0, atol=0)
+
+
+def _mmseg_stock_with_our_backbone(pretrained=...):
+    """mmseg's own UperNet R-50 config (model.pretrained='open-mmlab://resnet50_v1c') with only the
+    backbone swapped for a shrunk HAT-Net."""
+    from mmengine.config import Config, ConfigDict
+    cfg = Config.fromstring("_base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'", ".py")
+    model = cfg.model
+    assert model.pretrained == "open-mmlab://resnet50_v1c"  # what the stock config forwards to the backbone
+    if pretrained is not ...:
+        model.pretrained = pretrained
+    model.backbone = ConfigDict(type="HATNet", arch=HATNET_T, init_cfg=None)
+    model.decode_head.update(in_channels=HATNET_T["dims"], channels=16)
+    model.auxiliary_head.update(in_channels=HATNET_T["dims"][2], channels=16)
+    return model
+
+
+def _build_mmseg(model_cfg):
+    from mmengine.registry import DefaultScope
+    from mmseg.registry import MODELS
+    from mmseg.utils import register_all_modules
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope("mmseg"):
+        return MODELS.build(model_cfg)
+
+
+@pytest.mark.parametrize("pretrained", ["stock", "torchvision://resnet50", "https://example.org/r50.pth",
+                                        "pretrained/missing_resnet50.pth", "resnet_file"])
+def test_forwarded_model_pretrained_is_refused_naming_it_and_the_fix(tmp_path, pretrained):
+    if pretrained == "resnet_file":  # an existing checkpoint, of another network
+        pretrained = str(tmp_path / "resnet50.pth")
+        torch.save({"state_dict": {"conv1.weight": torch.zeros(64, 3, 7, 7)}}, pretrained)
+    model_cfg = _mmseg_stock_with_our_backbone(... if pretrained == "stock" else pretrained)
+    shown = model_cfg.pretrained
+    with pytest.raises(backbones.CheckpointError) as info:
+        _build_mmseg(model_cfg)
+    msg = str(info.value)
+    assert f"pretrained={shown!r}" in msg and "model.pretrained" in msg and "model.pretrained=None" in msg, msg
+    assert "init_cfg=dict(type='Pretrained', checkpoint=" in msg, msg
+
+
+def test_the_named_fix_builds_and_loads_through_init_cfg(tmp_path):
+    """model.pretrained=None and the backbone's weights through backbone.init_cfg, as the error says."""
+    src = _official_file(HATNet(HATNET_T), tmp_path / "hatnet.pth")
+    model_cfg = _mmseg_stock_with_our_backbone(None)
+    model_cfg.backbone.init_cfg = dict(type="Pretrained", checkpoint=str(src))
+    seg = _build_mmseg(model_cfg)
+    seg.backbone.init_weights()
+    ref = HATNet(HATNET_T)
+    load_pretrained(ref, src)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(seg.backbone.state_dict()[k], v), k
+
+
+def test_plain_backbone_pretrained_url_is_refused_clearly():
+    with pytest.raises(backbones.CheckpointError, match=r"'open-mmlab://resnet50_v1c' is a URL .*local files only"):
+        STViT(STVIT_T, pretrained="open-mmlab://resnet50_v1c")
