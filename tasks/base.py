@@ -35,7 +35,7 @@ from torchmetrics import Metric
 
 from .callbacks import world_size
 from .config import build_from_registry, config_text, register_scope
-from .optim import build_optimizer, build_schedulers
+from .optim import build_optimizer, build_schedulers, scale_lr
 
 log = logging.getLogger(__name__)
 NONFINITE_MODES = ('raise', 'skip')
@@ -245,6 +245,8 @@ class MMTaskModule(L.LightningModule):
     def configure_optimizers(self) -> tuple[list[Optimizer], list[dict]]:
         optimizer = build_optimizer(self.model, self.cfg.optim_wrapper)
         trainer = self.trainer
+        scale_lr(optimizer, self.cfg.get('auto_scale_lr'), num_devices=trainer.num_devices,
+                 num_nodes=trainer.num_nodes, batch_size=self.cfg.train_dataloader.batch_size)
         schedulers = build_schedulers(optimizer, self.cfg.get('param_scheduler'),
                                       max_epochs=trainer.max_epochs, max_steps=trainer.max_steps,
                                       epoch_length=self._steps_per_epoch)

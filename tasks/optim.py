@@ -5,6 +5,11 @@ The optimizer (with ``paramwise_cfg``: no decay on norms / biases / custom keys)
 AMP and clipping itself. ``param_scheduler`` entries are built by mmengine's ``PARAM_SCHEDULERS`` and
 stepped by Lightning through ``LightningModule.lr_scheduler_step``: per optimizer step when
 ``by_epoch=False`` (mmengine's ParamSchedulerHook.after_train_iter), per epoch otherwise.
+
+``auto_scale_lr = dict(base_batch_size=N, enable=...)`` (mmdet's bases define it, e.g. 16 for COCO; enabled
+by ``tools/train.py --auto-scale-lr``): mmengine's linear scaling rule, every parameter group's lr times
+(devices x nodes x ``train_dataloader.batch_size``) / N, applied before the schedules record their
+``initial_lr``.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ from __future__ import annotations
 import copy
 from typing import Callable
 
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import PARAM_SCHEDULERS
 from torch import nn
@@ -34,6 +40,38 @@ def build_optimizer(model: nn.Module, optim_wrapper_cfg: dict) -> Optimizer:
     for key in _LIGHTNING_OWNED:
         cfg.pop(key, None)
     return build_optim_wrapper(model, cfg).optimizer
+
+
+def enable_auto_scale_lr(cfg: Config, config_path: str) -> None:
+    """``--auto-scale-lr``: turn the config's ``auto_scale_lr`` on; a config without a base batch size is an
+    error that says what to add."""
+    auto = cfg.get('auto_scale_lr') or {}
+    base = auto.get('base_batch_size')
+    if not isinstance(base, int) or isinstance(base, bool) or base <= 0:
+        raise ValueError(
+            f"--auto-scale-lr: {config_path} has no auto_scale_lr.base_batch_size (got auto_scale_lr={auto or None}). "
+            "It is the total batch size (GPUs x images per GPU) the config's lr was set for, e.g. 16 for "
+            "mmdet's COCO schedules: add auto_scale_lr = dict(base_batch_size=16) to the config or pass "
+            "--cfg-options auto_scale_lr.base_batch_size=16.")
+    cfg.merge_from_dict({'auto_scale_lr.enable': True})
+
+
+def scale_lr(optimizer: Optimizer, auto_scale_lr_cfg: dict | None, *, num_devices: int, num_nodes: int,
+             batch_size: int) -> None:
+    """mmengine's ``Runner.scale_lr``: when ``auto_scale_lr.enable``, multiply every parameter group's lr
+    (and ``initial_lr``, which the schedules start from and checkpoints record) by the ratio of the real
+    total batch size to ``auto_scale_lr.base_batch_size``. Logs one line with the values."""
+    if not auto_scale_lr_cfg or not auto_scale_lr_cfg.get('enable', False):
+        return
+    base = auto_scale_lr_cfg['base_batch_size']
+    ratio = num_devices * num_nodes * batch_size / base
+    old = optimizer.param_groups[0]['lr']
+    for group in optimizer.param_groups:
+        group['lr'] = group['lr'] * ratio
+        group['initial_lr'] = group['lr']
+    rank_zero_info(f"auto_scale_lr: lr {old:.6g} -> {optimizer.param_groups[0]['lr']:.6g} = {old:.6g} x "
+                   f"(devices {num_devices} x nodes {num_nodes} x batch_size {batch_size}) / "
+                   f"base_batch_size {base}")
 
 
 def build_schedulers(optimizer: Optimizer, scheduler_cfgs: dict | list[dict] | None, *, max_epochs: int | None,

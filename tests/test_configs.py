@@ -183,6 +183,8 @@ def test_config_contents(path):
         if 'mask' in cfg.model.type.lower() or 'mask_head' in cfg.model.get('roi_head', {}):
             assert 'segm' in metrics and 'bbox' in metrics
     assert cfg.checkpoint_callback.mode == 'max' and cfg.checkpoint_callback.save_last is True
+    # --auto-scale-lr: the base batch is the recipe's total batch, so on the paper's GPU count it changes nothing
+    assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=trainer.devices * cfg.train_dataloader.batch_size)
     # AMP for STViT detection (as Swin's detection code), fp32 elsewhere (Swin / PVT segmentation, PVT)
     assert trainer.precision == ('16-mixed' if family == 'stvit' and not is_seg(cfg) else '32-true')
     # Synchronised BN wherever there is BatchNorm: STViT's own, and the heads whose mm norm_cfg is

@@ -89,7 +89,10 @@ def test_segmentation_train_then_test_with_show_dir(data_dir, tmp_path):
     opts = [*data_opts(data_dir, 'tiny_ade20k'), 'trainer.max_steps=2', 'trainer.val_check_interval=2']
     metrics = train_tool.main([SEG_CFG, '--work-dir', str(tmp_path), '--cfg-options', *opts])
     assert {'mIoU', 'aAcc', 'mAcc'} <= set(metrics) and 0 <= metrics['aAcc'] <= 1
-    assert [s['_global_step'] for s in _ckpt(tmp_path / 'last.ckpt')['lr_schedulers']] == [2, 2]
+    ckpt = _ckpt(tmp_path / 'last.ckpt')
+    assert [s['_global_step'] for s in ckpt['lr_schedulers']] == [2, 2]
+    # without --auto-scale-lr the config's lr (AdamW lr=1e-3) is used as written
+    assert {g['initial_lr'] for g in ckpt['optimizer_states'][0]['param_groups']} == {1e-3}
     show = tmp_path / 'show'
     test_metrics = test_tool.main([SEG_CFG, str(tmp_path / 'last.ckpt'), '--work-dir', str(tmp_path),
                                    '--show-dir', str(show), '--cfg-options', *opts])
@@ -98,6 +101,28 @@ def test_segmentation_train_then_test_with_show_dir(data_dir, tmp_path):
     saved = json.loads((tmp_path / 'test_metrics.json').read_text())
     assert flat_metrics(saved) == pytest.approx(flat_metrics(metrics), nan_ok=True)
     assert len(list(show.glob('*.png'))) == 3
+
+
+def test_auto_scale_lr_scales_to_the_real_batch_logs_and_checkpoints_it(data_dir, tmp_path, capfd, caplog):
+    # the demo's AdamW lr 1e-3 set for a total batch of 16; here 1 device x 1 node x 2 images
+    opts = [*data_opts(data_dir, 'tiny_ade20k'), 'trainer.max_steps=1', 'trainer.limit_val_batches=0',
+            'checkpoint_callback.monitor=None', 'auto_scale_lr.base_batch_size=16']
+    train_tool.main([SEG_CFG, '--auto-scale-lr', '--work-dir', str(tmp_path), '--cfg-options', *opts])
+    scaled = 1e-3 * (1 * 1 * 2) / 16
+    groups = _ckpt(tmp_path / 'last.ckpt')['optimizer_states'][0]['param_groups']
+    assert len(groups) > 1 and [g['initial_lr'] for g in groups] == pytest.approx([scaled] * len(groups))
+    assert groups[0]['initial_lr'] == pytest.approx(1.25e-4)
+    out = capfd.readouterr()  # Lightning's console handler, or the log capture where pytest's root logger has one
+    assert ('auto_scale_lr: lr 0.001 -> 0.000125 = 0.001 x (devices 1 x nodes 1 x batch_size 2) / '
+            'base_batch_size 16') in out.out + out.err + caplog.text
+
+
+def test_auto_scale_lr_without_base_batch_size_is_refused(tmp_path):
+    # mmseg's ADE20K bases define no auto_scale_lr; the demo config inherits them
+    with pytest.raises(ValueError, match=r"--auto-scale-lr: .*upernet_hat-net-t_tiny-ade20k\.py has no "
+                                         r"auto_scale_lr\.base_batch_size.*auto_scale_lr\.base_batch_size=16"):
+        train_tool.main([SEG_CFG, '--auto-scale-lr', '--work-dir', str(tmp_path)])
+    assert not os.listdir(tmp_path)  # refused before anything was built or written
 
 
 def test_missing_data_root_names_path_and_fix(tmp_path):

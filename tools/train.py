@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """Train an mmdet / mmseg model from an mmengine config, with Lightning running the loop.
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--cfg-options KEY=VALUE ...]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--auto-scale-lr] [--cfg-options KEY=VALUE ...]
 
 Devices, nodes, strategy, precision... come from the config's ``trainer = dict(...)`` (lightning.Trainer
 kwargs), overridable like any key: ``--cfg-options trainer.devices=4 trainer.strategy=ddp``.
 The work dir (default ``work_dirs/<config stem>``) receives the resolved config, ``last.ckpt``, the best
 checkpoint when ``checkpoint_callback.monitor`` is set, CSV / TensorBoard logs and, at the end,
 ``metrics.json`` (the last validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``.
+``--auto-scale-lr`` scales the lr to the real total batch size (see tasks/optim.py and the README).
 
 A process that fails prints ``rank R failed: <error>`` and exits with status 1; under Lightning's DDP
 launcher the other ranks are then killed (see tasks/trainer.py for the process-group timeout).
@@ -32,6 +33,7 @@ from mmengine.logging import MMLogger  # noqa: E402
 from tasks import build_task  # noqa: E402
 from tasks.checkpoint_io import write_json  # noqa: E402
 from tasks.config import default_work_dir, load_config  # noqa: E402
+from tasks.optim import enable_auto_scale_lr  # noqa: E402
 from tasks.trainer import build_trainer  # noqa: E402
 
 
@@ -42,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--work-dir', help='output directory (default: work_dirs/<config stem>)')
     parser.add_argument('--resume', nargs='?', const='last', metavar='CKPT',
                         help='resume training from CKPT (default: WORK_DIR/last.ckpt)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help="scale the optimizer's lr by (devices x nodes x train_dataloader.batch_size) / "
+                             'auto_scale_lr.base_batch_size (the linear scaling rule, as in mmdet)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={}, metavar='KEY=VALUE',
                         help='override config keys, e.g. trainer.max_epochs=2 '
                              'train_dataloader.dataset.data_root=data/tiny_coco/ (values parsed as literals)')
@@ -67,6 +72,8 @@ def main(argv=None, callbacks=()) -> dict:
     """Run training; ``callbacks`` are extra Lightning callbacks (tests use them to inspect ranks)."""
     args = parse_args(argv)
     cfg = load_config(args.config, args.cfg_options)
+    if args.auto_scale_lr:
+        enable_auto_scale_lr(cfg, args.config)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
     ckpt = None
     if args.resume:

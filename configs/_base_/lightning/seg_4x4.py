@@ -20,3 +20,7 @@ checkpoint_callback = dict(
     save_top_k=1,
     filename='iter_{step:06d}-mIoU_{mIoU:.4f}',
     auto_insert_metric_name=False)
+
+# The total batch size the configs' lr was set for (4 GPUs x 4 images); tools/train.py --auto-scale-lr
+# scales the lr to the real one (as mmdet's COCO bases do with 16). Off unless the flag is given.
+auto_scale_lr = dict(enable=False, base_batch_size=16)
