@@ -23,13 +23,14 @@ from collections.abc import Iterable
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from mmengine.config import Config
 
 from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
+from .progress import is_iteration_based, step_progress_bar
 
 TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {'self'}
 CHECKPOINT_KEYS = frozenset(inspect.signature(ModelCheckpoint.__init__).parameters) - {'self'}
@@ -161,5 +162,8 @@ def build_trainer(cfg: Config, work_dir: str, callbacks: Iterable[L.Callback] = 
                                                  every_n_train_steps=int(every), enable_version_counter=False))
         if kwargs.get('logger', True) is True:
             kwargs['logger'] = [CSVLogger(work_dir, name='logs'), TensorBoardLogger(work_dir, name='tb')]
+        if (is_iteration_based(kwargs) and kwargs.get('enable_progress_bar', True)
+                and not any(isinstance(c, ProgressBar) for c in callbacks)):
+            callbacks.append(step_progress_bar())  # counts iterations, not epochs of an endless loop
     os.makedirs(work_dir, exist_ok=True)
     return L.Trainer(default_root_dir=work_dir, callbacks=callbacks, plugins=[AtomicCheckpointIO()], **kwargs)
