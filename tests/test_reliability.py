@@ -4,6 +4,7 @@ Every fault is real (a killed process, a NaN produced by the model, an exception
 mmdet / mmseg / Lightning / torch is mocked. Tiny shrunk models and images on CPU, a few steps each.
 """
 
+import json
 import os
 import signal
 import socket
@@ -19,8 +20,6 @@ from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 
 sys.path.insert(0, REPO)
 TIMEOUT = 240
-
-
 
 
 train_tool, tiny_data = load_tool('train'), load_tool('make_tiny_data')
@@ -61,29 +60,41 @@ def _ckpt(path):
 
 
 # --- SIGKILL mid-epoch, then --resume -----------------------------------------------------------------------
+def ddp_opts(devices):
+    """Options for a ``devices``-process run on CPU: gloo DDP when 2, with a process-group timeout so that a
+    rank waiting for a dead peer gives up instead of hanging."""
+    if devices == 1:
+        return []
+    return [f'trainer.devices={devices}', 'trainer.accelerator=cpu', 'trainer.strategy.type=ddp',
+            'trainer.strategy.timeout=60']
+
+
 def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
     """Runs ``cmd`` (``steps`` optimizer steps, ``per_epoch`` batches an epoch, last.ckpt every 3 steps) once
     uninterrupted and once SIGKILLed mid-epoch then resumed; returns the final checkpoint."""
     ref, run = tmp_path / 'ref', tmp_path / 'run'
+    start = time.monotonic()
     proc = subprocess.run([*cmd, '--work-dir', str(ref)], cwd=REPO, env=env(), capture_output=True, text=True,
                           timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    uninterrupted = time.monotonic() - start
 
-    # same run, SIGKILLed as soon as the first periodic checkpoint (step 3) is on disk
+    # same run, SIGKILLed as soon as the first periodic checkpoint (step 3) is on disk: every process of the
+    # job at once (its process group, as a scheduler's kill does; under DDP rank 1 is rank 0's child)
     p = subprocess.Popen([*cmd, '--work-dir', str(run)], cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+                         stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + TIMEOUT
         while not (run / 'last.ckpt').exists() and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        os.kill(p.pid, signal.SIGKILL)
+        os.killpg(p.pid, signal.SIGKILL)
     finally:
-        p.kill()
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     assert p.returncode == -signal.SIGKILL
     killed_at = _ckpt(run / 'last.ckpt')['global_step']
     assert 0 < killed_at < steps and killed_at % per_epoch != 0, killed_at  # mid-epoch
-    print(f'killed after the checkpoint of step {killed_at} of {steps}')
 
     proc = subprocess.run([*cmd, '--work-dir', str(run), '--resume'], cwd=REPO, env=env(), capture_output=True,
                           text=True, timeout=TIMEOUT)
@@ -97,6 +108,8 @@ def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
         assert all(torch.equal(sa[n], sb[n]) for n in sa)
     assert a['lr_schedulers'] == b['lr_schedulers']
     assert [p for p in os.listdir(run) if p.endswith('.tmp')] == []
+    print(f'killed after the checkpoint of step {killed_at} of {steps}; uninterrupted run '
+          f'{uninterrupted:.1f} s, kill + resume + uninterrupted {time.monotonic() - start:.1f} s')
     return b
 
 
@@ -128,6 +141,15 @@ def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
     ckpt = _kill_and_resume_is_bit_identical([sys.executable, 'tools/train.py', DET_CFG, '--cfg-options', *opts],
                                              tmp_path, steps=6, per_epoch=4)
     assert _train_loader_state(ckpt)['batch_sampler'] == 'AspectRatioBatchSampler'
+
+
+def test_sigkill_mid_epoch_then_resume_two_ddp_processes(data_dir, tmp_path):
+    # 2 processes (gloo DDP): 8 images, batch 2, 2 batches per rank and epoch; 5 steps, last.ckpt every 3 steps,
+    # so the kill lands mid-epoch and the resumed run crosses an epoch boundary.
+    opts = seg_opts(data_dir, 'trainer.max_steps=5', 'trainer.val_check_interval=5', 'trainer.deterministic=True',
+                    'checkpoint_every_n_steps=3', *ddp_opts(2))
+    _kill_and_resume_is_bit_identical([sys.executable, 'tools/train.py', SEG_CFG, '--cfg-options', *opts],
+                                      tmp_path, steps=5, per_epoch=2)
 
 
 # --- non-finite loss ----------------------------------------------------------------------------------------
@@ -179,6 +201,78 @@ def test_nan_loss_skip_mode_skips_and_counts(data_dir, tmp_path):
     with open(next((tmp_path / 'logs').rglob('metrics.csv'))) as f:
         rows = list(csv.DictReader(f))
     assert max(float(r['train/skipped_nonfinite']) for r in rows if r.get('train/skipped_nonfinite')) == 1
+
+
+NAN_ON_RANK1_DRIVER = '''
+import hashlib, importlib.util, json, os, sys
+import lightning as L
+import torch
+spec = importlib.util.spec_from_file_location('train_tool', os.path.join({repo!r}, 'tools', 'train.py'))
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+
+
+def params_hash(module):
+    h = hashlib.sha256()
+    for name, p in sorted(module.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().reshape(-1).numpy().tobytes())
+    return h.hexdigest()
+
+
+class NaNImagesOnRank1(L.Callback):
+    """Rank 1's images of its training batch number {at} (0-based, counted over epochs) become NaNs before the
+    model's data preprocessor sees them; rank 0's stay as they are. Every rank records a hash of its parameters
+    before and after that batch and at the end, in OUT/rank<R>.json."""
+
+    def __init__(self):
+        self.batches, self.record = -1, {{}}
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.batches += 1
+        if self.batches == {at}:
+            self.record['before'] = params_hash(module)
+            if trainer.global_rank == 1:
+                batch['inputs'] = [torch.full(x.shape, float('nan')) for x in batch['inputs']]
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.batches == {at}:
+            self.record.update(after=params_hash(module), step_after=trainer.global_step)
+
+    def on_train_end(self, trainer, module):
+        self.record.update(final=params_hash(module), skipped=module.skipped_nonfinite, batches=self.batches + 1)
+        with open(os.path.join({out!r}, f'rank{{trainer.global_rank}}.json'), 'w') as f:
+            json.dump(self.record, f)
+
+
+train.cli(sys.argv[1:], callbacks=[NaNImagesOnRank1()])
+'''
+
+
+def test_nan_on_one_ddp_rank_skip_mode_both_ranks_skip(data_dir, tmp_path):
+    """nonfinite_loss='skip' under 2-process DDP with a NaN loss on rank 1 only (a batch of NaN images): both
+    ranks skip that step (no optimizer step anywhere: every rank's parameters after it equal those before
+    it, and the ranks stay equal), neither hangs, and training carries on to max_steps."""
+    driver = tmp_path / 'driver.py'
+    driver.write_text(NAN_ON_RANK1_DRIVER.format(repo=REPO, out=str(tmp_path), at=1))
+    opts = seg_opts(data_dir, 'trainer.max_steps=3', 'nonfinite_loss=skip', *ddp_opts(2))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(driver), SEG_CFG, '--work-dir', str(tmp_path / 'w'),
+                           '--cfg-options', *opts], cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    took = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    ranks = [json.loads((tmp_path / f'rank{r}.json').read_text()) for r in (0, 1)]
+    for r, rec in enumerate(ranks):
+        assert rec['before'] == rec['after'], f'rank {r} stepped on the NaN batch'
+        assert rec['skipped'] == 1 and rec['batches'] == 4, rec  # 3 optimizer steps + the skipped batch
+    assert ranks[0]['before'] == ranks[1]['before'] and ranks[0]['final'] == ranks[1]['final'], 'ranks diverged'
+    assert ranks[0]['final'] != ranks[0]['after']  # the steps after the skipped one did train
+    assert 'non-finite on another rank' in out and 'decode.loss_ce=nan' in out, out[-4000:]
+    ckpt = _ckpt(tmp_path / 'w' / 'last.ckpt')
+    assert ckpt['global_step'] == 3 and ckpt['skipped_nonfinite'] == 1
+    print(f'NaN on rank 1 only: both ranks skipped, run took {took:.1f} s')
 
 
 # --- a failing DDP rank -------------------------------------------------------------------------------------
