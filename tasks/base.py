@@ -7,10 +7,13 @@ its losses (``parse_losses``) and its ``predict`` post-processing. Evaluation is
 
 Non-finite losses: the top-level config key ``nonfinite_loss`` says what a NaN / inf loss does.
 ``'raise'`` (default) stops training with a ``FloatingPointError`` naming the step and the non-finite loss
-terms; the checkpoints on disk are from before that step. ``'skip'`` skips the step (no backward, no
-optimizer step; the LR schedule still advances), warns, and logs the running count as
-``train/skipped_nonfinite``. Under DDP the ranks agree (one all-reduce of a flag per step), so all skip
-or all stop together.
+terms; the checkpoints on disk are from before that step. ``'skip'`` skips the optimizer step (no update,
+no momentum or weight decay, no clipping; BatchNorm running statistics are put back as they were before
+the step), warns, and logs the running count as ``train/skipped_nonfinite``. The skipped step still counts
+towards ``max_steps`` and the LR schedule advances; with gradient accumulation the window's step is skipped.
+Under DDP the ranks agree (one all-reduce of a flag per step), so all skip or all stop together; a skipped
+step backpropagates a zero loss on every rank, so that DDP's gradient all-reduce runs as on any other step
+(Lightning refuses a ``None`` step under DDP).
 
 State that is not the task's own lives in Lightning callbacks (tasks/callbacks.py, added by
 ``tasks.trainer.build_trainer``): the RNG states saved in checkpoints and restored on resume, BatchNorm
@@ -85,6 +88,7 @@ class MMTaskModule(L.LightningModule):
         if self.nonfinite_loss not in NONFINITE_MODES:
             raise ValueError(f'nonfinite_loss must be one of {NONFINITE_MODES}, got {self.nonfinite_loss!r}')
         self.skipped_nonfinite = 0
+        self._skip_optimizer_step = False
 
     # ---- subclass hooks -------------------------------------------------------------------------
     @staticmethod
@@ -117,9 +121,16 @@ class MMTaskModule(L.LightningModule):
     # ---- steps -----------------------------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
         data = self._preprocess(batch, training=True)
+        # 'skip': the forward of a step that turns out non-finite must leave no trace either; it would
+        # otherwise have moved BatchNorm running statistics (to NaN, for a batch of NaN images).
+        buffers = [b.clone() for b in self.model.buffers()] if self.nonfinite_loss == 'skip' else None
         losses = self.model(**data, mode='loss')
         loss, log_vars = self.model.parse_losses(losses)
         if self._nonfinite(loss):
+            if buffers is not None:
+                with torch.no_grad():
+                    for b, before in zip(self.model.buffers(), buffers):
+                        b.copy_(before)
             return self._nonfinite_step(log_vars, batch_idx, len(data['data_samples']))
         # Per-rank values, logged on step only: no collective in the hot loop.
         self.log_dict({f'train/{k}': v for k, v in log_vars.items()}, on_step=True, on_epoch=False,
@@ -139,7 +150,7 @@ class MMTaskModule(L.LightningModule):
             dist.all_reduce(flag)
         return bool(flag.item())
 
-    def _nonfinite_step(self, log_vars: dict, batch_idx: int, batch_size: int) -> None:
+    def _nonfinite_step(self, log_vars: dict, batch_idx: int, batch_size: int) -> torch.Tensor:
         vals = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in log_vars.items()}
         bad = {k: v for k, v in vals.items() if not math.isfinite(v)}
         rank = self.global_rank
@@ -156,7 +167,10 @@ class MMTaskModule(L.LightningModule):
         log.warning('skipping non-finite loss at %s: %s (%d skipped so far)', where, terms, self.skipped_nonfinite)
         self.log('train/skipped_nonfinite', float(self.skipped_nonfinite), on_step=True, on_epoch=False,
                  batch_size=batch_size)
-        return None  # Lightning then runs no backward and no optimizer step
+        self._skip_optimizer_step = True  # read by optimizer_step
+        # A zero that reaches every trainable parameter: its backward gives each a zero gradient on every rank
+        # (DDP all-reduces them as usual) whatever the non-finite activations held.
+        return sum(p.sum() for p in self.parameters() if p.requires_grad) * 0.0
 
     # ---- test-time augmentation ------------------------------------------------------------------
     def enable_tta(self) -> None:
@@ -242,6 +256,17 @@ class MMTaskModule(L.LightningModule):
         self.skipped_nonfinite = int(checkpoint.get('skipped_nonfinite', 0))
 
     # ---- optimisation ----------------------------------------------------------------------------
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        if self.nonfinite_loss != 'skip':
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        # The closure (training_step + backward) runs first, so that a step found non-finite never reaches
+        # the optimizer (nor gradient clipping or the AMP scaler); a finite one steps on the loss it returned.
+        loss = optimizer_closure()
+        if self._skip_optimizer_step:
+            self._skip_optimizer_step = False
+            return None
+        return optimizer.step(closure=lambda: loss)
+
     def configure_optimizers(self) -> tuple[list[Optimizer], list[dict]]:
         optimizer = build_optimizer(self.model, self.cfg.optim_wrapper)
         trainer = self.trainer

@@ -212,18 +212,23 @@ train = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(train)
 
 
-def params_hash(module):
+def tensors_hash(named):
     h = hashlib.sha256()
-    for name, p in sorted(module.named_parameters()):
+    for name, t in sorted(named):
         h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().reshape(-1).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().reshape(-1).numpy().tobytes())
     return h.hexdigest()
+
+
+def hashes(module):
+    """Parameters, and parameters with buffers (BatchNorm running statistics)."""
+    return tensors_hash(module.named_parameters()), tensors_hash(module.state_dict().items())
 
 
 class NaNImagesOnRank1(L.Callback):
     """Rank 1's images of its training batch number {at} (0-based, counted over epochs) become NaNs before the
-    model's data preprocessor sees them; rank 0's stay as they are. Every rank records a hash of its parameters
-    before and after that batch and at the end, in OUT/rank<R>.json."""
+    model's data preprocessor sees them; rank 0's stay as they are. Every rank records hashes of its parameters
+    and buffers before and after that batch and at the end, in OUT/rank<R>.json."""
 
     def __init__(self):
         self.batches, self.record = -1, {{}}
@@ -231,16 +236,18 @@ class NaNImagesOnRank1(L.Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self.batches += 1
         if self.batches == {at}:
-            self.record['before'] = params_hash(module)
+            self.record['before'] = hashes(module)
             if trainer.global_rank == 1:
                 batch['inputs'] = [torch.full(x.shape, float('nan')) for x in batch['inputs']]
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if self.batches == {at}:
-            self.record.update(after=params_hash(module), step_after=trainer.global_step)
+            self.record.update(after=hashes(module), step_after=trainer.global_step)
 
     def on_train_end(self, trainer, module):
-        self.record.update(final=params_hash(module), skipped=module.skipped_nonfinite, batches=self.batches + 1)
+        finite = all(bool(torch.isfinite(t).all()) for t in module.state_dict().values() if t.is_floating_point())
+        self.record.update(final=hashes(module), finite=finite, skipped=module.skipped_nonfinite,
+                           batches=self.batches + 1)
         with open(os.path.join({out!r}, f'rank{{trainer.global_rank}}.json'), 'w') as f:
             json.dump(self.record, f)
 
@@ -251,8 +258,9 @@ train.cli(sys.argv[1:], callbacks=[NaNImagesOnRank1()])
 
 def test_nan_on_one_ddp_rank_skip_mode_both_ranks_skip(data_dir, tmp_path):
     """nonfinite_loss='skip' under 2-process DDP with a NaN loss on rank 1 only (a batch of NaN images): both
-    ranks skip that step (no optimizer step anywhere: every rank's parameters after it equal those before
-    it, and the ranks stay equal), neither hangs, and training carries on to max_steps."""
+    ranks skip that step (no optimizer step anywhere: every rank's parameters and BatchNorm statistics after it
+    equal those before it, and the ranks' parameters stay equal), neither hangs, and training carries on to
+    max_steps with finite weights and statistics."""
     driver = tmp_path / 'driver.py'
     driver.write_text(NAN_ON_RANK1_DRIVER.format(repo=REPO, out=str(tmp_path), at=1))
     opts = seg_opts(data_dir, 'trainer.max_steps=3', 'nonfinite_loss=skip', *ddp_opts(2))
@@ -266,9 +274,11 @@ def test_nan_on_one_ddp_rank_skip_mode_both_ranks_skip(data_dir, tmp_path):
     ranks = [json.loads((tmp_path / f'rank{r}.json').read_text()) for r in (0, 1)]
     for r, rec in enumerate(ranks):
         assert rec['before'] == rec['after'], f'rank {r} stepped on the NaN batch'
-        assert rec['skipped'] == 1 and rec['batches'] == 4, rec  # 3 optimizer steps + the skipped batch
-    assert ranks[0]['before'] == ranks[1]['before'] and ranks[0]['final'] == ranks[1]['final'], 'ranks diverged'
-    assert ranks[0]['final'] != ranks[0]['after']  # the steps after the skipped one did train
+        assert rec['finite'], f'rank {r} ended with non-finite weights or BatchNorm statistics'
+        assert rec['skipped'] == 1 and rec['batches'] == 3 and rec['step_after'] == 2, rec  # the skip counts
+    # parameters: equal on both ranks (BatchNorm statistics are per rank under DDP, as in mmengine)
+    assert ranks[0]['before'][0] == ranks[1]['before'][0] and ranks[0]['final'][0] == ranks[1]['final'][0]
+    assert ranks[0]['final'][0] != ranks[0]['after'][0]  # the step after the skipped one did train
     assert 'non-finite on another rank' in out and 'decode.loss_ce=nan' in out, out[-4000:]
     ckpt = _ckpt(tmp_path / 'w' / 'last.ckpt')
     assert ckpt['global_step'] == 3 and ckpt['skipped_nonfinite'] == 1
