@@ -88,7 +88,7 @@ def test_golden_data_is_the_recorded_set(reference_dir):
     import re
     recorded = dict(re.findall(r"^\| `([\w.]+)` \|.*\| `([0-9a-f]{64})` \|$", (reference_dir / "README.md").read_text(),
                                flags=re.M))
-    assert sorted(recorded) == sorted(CASES) + ["official_keys.json"]
+    assert sorted(recorded) == sorted([*CASES, "official_keys.json"])
     shared = reference_dir.parents[2] / "shared" / "reference"
     for name, sha in recorded.items():
         data = (reference_dir / name).read_bytes()
