@@ -119,7 +119,7 @@ class MMTaskModule(L.LightningModule):
         return self.model.data_preprocessor(batch, training)
 
     # ---- steps -----------------------------------------------------------------------------------
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         data = self._preprocess(batch, training=True)
         # 'skip': the forward of a step that turns out non-finite must leave no trace either; it would
         # otherwise have moved BatchNorm running statistics (to NaN, for a batch of NaN images).
