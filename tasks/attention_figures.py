@@ -25,7 +25,8 @@ from backbones.attention_maps import (  # noqa: E402
 
 MIN_PANEL_SIDE = 320  # display pixels: small images are enlarged so the labels stay readable
 TITLE_LINES, TITLE_PT, CHAR_PX = 3, 9, 6.4  # panel titles: wrapped to at most 3 lines of 9 pt text
-COLORBAR_PX, GAP_PX, HEADER_PX = 80, 24, 40
+COLORBAR_PX, GAP_PX, HEADER_PX = 80, 24, 56  # the header: up to 2 lines of 12 pt bold text
+HEADER_PT, HEADER_CHAR_PX = 12, 11.0
 DPI = 100
 TITLE_PX = round(TITLE_LINES * TITLE_PT * 1.25 * DPI / 72) + 10
 
@@ -84,7 +85,8 @@ class _Grid:
         self.cell_w, self.cell_h = GAP_PX + self.pw + COLORBAR_PX, TITLE_PX + self.ph + GAP_PX
         self.fw, self.fh = cols * self.cell_w + GAP_PX, rows * self.cell_h + HEADER_PX
         self.fig = plt.figure(figsize=(self.fw / DPI, self.fh / DPI), dpi=DPI)
-        self.fig.text(0.5, 1 - HEADER_PX / 2 / self.fh, header, ha='center', va='center', fontsize=13,
+        header = '\n'.join(textwrap.wrap(header, int(self.fw / HEADER_CHAR_PX))[:2])
+        self.fig.text(0.5, 1 - HEADER_PX / 2 / self.fh, header, ha='center', va='center', fontsize=HEADER_PT,
                       fontweight='bold')
 
     def panel(self, row: int, col: int, title: str, dim: float = 1.0):
@@ -139,7 +141,7 @@ def draw_stvit(out: str, image: PreparedImage, records: dict, point, stokens: di
     """Super-token association (boundaries) and one super token's soft association, one column per stage.
     ``records``: {stage: 'stoken' record}; ``stokens``: {stage: flat index of the super token to show}."""
     name = image.path.rsplit('/', 1)[-1]
-    header = f'STViT super tokens, last block of each stage: {name}'
+    header = f'STViT super tokens, last block of each stage (+: the point ({point[0]:g}, {point[1]:g})): {name}'
     grid = _Grid(image.original, 2, len(records), header)
     thickness = max(1, round(min(image.original.shape[:2]) / 250))
     rng = np.random.default_rng(0)
@@ -170,7 +172,7 @@ def draw_hatnet(out: str, image: PreparedImage, records: dict, point) -> None:
     """Window attention (top) and global attention (bottom) of the query ``point``, one column per stage.
     ``records``: {stage: 'hat' record}."""
     name = image.path.rsplit('/', 1)[-1]
-    header = f'HAT-Net attention of the query at ({point[0]:.0f}, {point[1]:.0f}) (+), last block of each stage, ' \
+    header = f'HAT-Net attention of the query at ({point[0]:g}, {point[1]:g}) (+), last block of each stage, ' \
              f'mean over heads: {name}'
     grid = _Grid(image.original, 2, len(records), header)
     for col, (stage, rec) in enumerate(sorted(records.items())):
