@@ -87,7 +87,10 @@ def test_paper_config_train_loader_yields_no_mixed_batch(coco):
     # the same data batched without the batch sampler (what the loader did before): batches mix orientations
     plain = datamodule(coco, **{'train_dataloader.batch_sampler': None}).train_dataloader()
     assert type(plain.batch_sampler.make_batches(plain.batch_sampler.sampler)).__name__ == 'BatchSampler'
-    assert len(mixed_batches(dataset, epoch_batches(plain.batch_sampler, 0))) > len(loader) // 4
+    as_before = epoch_batches(plain.batch_sampler, 0)  # consecutive pairs of the shuffled order, as before
+    order = list(plain.batch_sampler.sampler)
+    assert as_before == [order[k:k + 2] for k in range(0, len(order), 2)]
+    assert len(mixed_batches(dataset, as_before)) > len(loader) // 4
 
 
 def test_same_batches_as_mmengine_default_sampler_with_mmdet_batch_sampler(coco):
