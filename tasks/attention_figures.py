@@ -3,6 +3,7 @@ original image, one labelled PNG per image, every panel at the image's resolutio
 
 from __future__ import annotations
 
+import io
 import textwrap
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
+from backbones.atomic import atomic_write  # noqa: E402
 from backbones.attention_maps import (  # noqa: E402
     global_attention_map,
     stoken_assignment,
@@ -111,8 +113,11 @@ class _Grid:
         self.fig.colorbar(im, cax=cax).set_label(label, fontsize=9)
 
     def save(self, path: str) -> None:
-        self.fig.savefig(path, dpi=DPI)
+        """Write the PNG atomically: an interrupted run leaves no truncated picture."""
+        data = io.BytesIO()
+        self.fig.savefig(data, dpi=DPI, format='png')
         plt.close(self.fig)
+        atomic_write(path, lambda f: f.write(data.getvalue()))
 
 
 def _mark(ax, point) -> None:
