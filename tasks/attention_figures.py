@@ -27,7 +27,7 @@ from backbones.attention_maps import (  # noqa: E402
 
 MIN_PANEL_SIDE = 320  # display pixels: small images are enlarged so the labels stay readable
 TITLE_LINES, TITLE_PT, CHAR_PX = 3, 9, 6.4  # panel titles: wrapped to at most 3 lines of 9 pt text
-COLORBAR_PX, GAP_PX, HEADER_PX = 80, 24, 56  # the header: up to 2 lines of 12 pt bold text
+COLORBAR_PX, GAP_PX, HEADER_PX = 96, 24, 56  # the header: up to 2 lines of 12 pt bold text
 HEADER_PT, HEADER_CHAR_PX = 12, 11.0
 DPI = 100
 TITLE_PX = round(TITLE_LINES * TITLE_PT * 1.25 * DPI / 72) + 10
