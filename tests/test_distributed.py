@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests._tools import DET_CFG, REPO, SEG_CFG, flat_metrics, load_tool
+from tests._tools import DET_CFG, REPO, SEG_CFG, flat_metrics, load_tool, random_checkpoint, write_image_info
 
 TIMEOUT = 240
 
@@ -47,8 +47,8 @@ def env(**extra):
             **extra}
 
 
-def run(cmd, **kwargs):
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT, **kwargs)
+def run(cmd, timeout=TIMEOUT, **kwargs):
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, **kwargs)
     assert proc.returncode == 0, f'{cmd}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}'
     return proc
 
@@ -110,3 +110,37 @@ def test_two_nodes_torchrun_localhost(data_dir, tmp_path):
         assert p.returncode == 0, f'node {rank}:\n{log[-6000:]}'
     assert 'bbox_mAP' in json.loads((tmp_path / 'node0' / 'metrics.json').read_text())
     assert osp.isfile(tmp_path / 'node0' / 'last.ckpt')
+
+
+def test_test_tool_tta_slide_and_submission_files_each_image_once(data_dir, tmp_path):
+    """tools/test.py under 2 processes (3 images: 2 + 1) gives one process's metrics and files: segmentation
+    with --tta and sliding-window inference, and --format-only on an image-info-only COCO set."""
+    test = load_tool('test')
+    image_info = write_image_info(osp.join(data_dir, 'tiny_coco'))
+    # windows of 192 px: one for most of the 12 TTA views of these 128-192 px images, several for the largest
+    runs = {'seg': (SEG_CFG, [*data_opts(data_dir, 'tiny_ade20k'), 'model.test_cfg.mode=slide',
+                              'model.test_cfg.crop_size=(192,192)', 'model.test_cfg.stride=(128,128)'], ['--tta']),
+            'det': (DET_CFG, [*data_opts(data_dir, 'tiny_coco'), f'test_dataloader.dataset.ann_file={image_info}'],
+                    ['--format-only'])}
+    for name, (config, opts, flags) in runs.items():
+        opts = [*opts, 'test_dataloader.dataset.indices=3']
+        ckpt = random_checkpoint(config, opts, tmp_path / f'{name}.pth')
+        out = {}
+        for devices in (1, 2):
+            work = tmp_path / f'{name}{devices}'
+            args = [config, ckpt, '--work-dir', str(work), '--out-dir', str(work / 'files'), *flags,
+                    '--cfg-options', *opts, f'trainer.devices={devices}']
+            if devices == 1:
+                test.main(args)
+            else:
+                run([sys.executable, 'tools/test.py', *args, 'trainer.strategy=ddp'], env=env(), timeout=2 * TIMEOUT)
+            files = {f: (work / 'files' / f).read_bytes() for f in sorted(os.listdir(work / 'files'))}
+            metrics = work / 'test_metrics.json'
+            out[devices] = files, json.loads(metrics.read_text()) if metrics.exists() else None
+        files, metrics = out[1]
+        assert len(files) == (3 if name == 'seg' else 2), sorted(files)  # a PNG per image / bbox + segm json
+        assert out[2][0] == files
+        if name == 'seg':
+            assert metrics['mIoU'] == pytest.approx(out[2][1]['mIoU'], abs=1e-6)
+        else:
+            assert metrics is None and len({r['image_id'] for r in json.loads(files['results.bbox.json'])}) == 3

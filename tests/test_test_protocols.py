@@ -5,6 +5,7 @@
 import json
 import os
 import os.path as osp
+import shutil
 
 import lightning as L
 import numpy as np
@@ -14,8 +15,8 @@ from mmengine.config import ConfigDict
 from PIL import Image
 
 from tasks import build_task
-from tasks.config import load_config, register_scope
-from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
+from tasks.config import register_scope
+from tests._tools import DET_CFG, REPO, SEG_CFG, load_cfg, load_tool, random_checkpoint, write_image_info
 
 SLIDE = ['model.test_cfg.mode=slide', 'model.test_cfg.crop_size=(64,64)', 'model.test_cfg.stride=(43,43)']
 RETINANET_CFG = osp.join(REPO, 'configs/stvit/retinanet_stvit-s_fpn_1x_coco.py')
@@ -51,29 +52,13 @@ def data_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp('data')
     tiny.make_coco(out, num_train=1, num_val=3, seed=0)
     tiny.make_ade20k(out, num_train=1, num_val=3, seed=0)
-    # a test-dev style image-info file: the val images and categories, no annotations
-    ann = json.loads((out / 'tiny_coco/annotations/instances_val2017.json').read_text())
-    info = {k: ann[k] for k in ('images', 'categories')}
-    (out / 'tiny_coco/annotations/image_info_test.json').write_text(json.dumps(info))
+    write_image_info(out / 'tiny_coco')
     return out
 
 
 def data_opts(data_dir, dataset):
     return [f'test_dataloader.dataset.data_root={data_dir}/{dataset}/', 'trainer.enable_progress_bar=False',
             'trainer.enable_model_summary=False', 'trainer.accelerator=cpu', 'trainer.devices=1']
-
-
-def load_cfg(config, opts):
-    """The config as tools/test.py reads it with ``--cfg-options *opts``."""
-    return load_config(config, load_tool('test').parse_args([config, 'ckpt', '--cfg-options', *opts]).cfg_options)
-
-
-def random_checkpoint(config, opts, path):
-    """A plain mm checkpoint of the config's model with its initial (random) weights."""
-    torch.manual_seed(0)
-    module, _ = build_task(load_cfg(config, opts), init_weights=True)
-    torch.save({'state_dict': module.model.state_dict()}, path)
-    return str(path)
 
 
 @pytest.fixture(scope='module')
@@ -128,12 +113,19 @@ def assert_same_maps(ours, ref, count):
         assert torch.equal(ours[name], ref[name]), name
 
 
-def test_seg_tta_equals_mmseg_seg_tta_model(data_dir, seg_ckpt, tmp_path):
+def test_seg_tta_equals_mmseg_seg_tta_model(data_dir, seg_ckpt, tmp_path, capsys):
     opts = [*data_opts(data_dir, 'tiny_ade20k'), 'test_dataloader.dataset.indices=1']  # 12 views: one image
     ours, metrics = run_tool([SEG_CFG, seg_ckpt, '--tta', '--cfg-options', *opts], tmp_path)
     ref, _ = mm_predictions(SEG_CFG, opts, seg_ckpt, tta=True)
     assert_same_maps(seg_maps(ours), seg_maps(ref), 1)
     assert 0 <= metrics['mIoU'] <= 1
+    # per-class IoU / Acc in the metrics JSON (null: not in the ground truth) and in the printed table
+    saved = json.loads((tmp_path / 'test_metrics.json').read_text())
+    iou, acc = saved['per_class']['IoU'], saved['per_class']['Acc']
+    assert len(iou) == len(acc) == 150 and isinstance(iou['wall'], float) and isinstance(acc['wall'], float)
+    assert iou['sky'] is None and acc['sky'] is None  # the tiny images have wall, floor, windowpane, plant, ball
+    table = capsys.readouterr().out
+    assert any(line.split()[:1] == ['wall'] and f'{iou["wall"]:.4f}' in line for line in table.splitlines())
     # the views were merged: the prediction is not the single-scale one
     plain, _ = mm_predictions(SEG_CFG, opts, seg_ckpt)
     assert any(not torch.equal(a, b) for a, b in zip(seg_maps(ours).values(), seg_maps(plain).values()))
@@ -142,8 +134,12 @@ def test_seg_tta_equals_mmseg_seg_tta_model(data_dir, seg_ckpt, tmp_path):
 def test_slide_inference_equals_mmseg_and_ade_label_pngs(data_dir, seg_ckpt, tmp_path):
     opts = [*data_opts(data_dir, 'tiny_ade20k'), 'test_dataloader.dataset.indices=2', *SLIDE]
     out_dir = tmp_path / 'pngs'
-    ours, metrics = run_tool([SEG_CFG, seg_ckpt, '--format-only', '--out-dir', str(out_dir),
-                              '--cfg-options', *opts], tmp_path)
+    # as on ADE20K's test images: images only, no annotation directory (--format-only loads no ground truth)
+    shutil.copytree(data_dir / 'tiny_ade20k/images/validation', tmp_path / 'ade_test/images/testing')
+    ours, metrics = run_tool([SEG_CFG, seg_ckpt, '--format-only', '--out-dir', str(out_dir), '--cfg-options',
+                              *opts, f'test_dataloader.dataset.data_root={tmp_path}/ade_test',
+                              'test_dataloader.dataset.data_prefix.img_path=images/testing'], tmp_path)
+    assert all('gt_sem_seg' not in s for s in ours)
     ref, dataset = mm_predictions(SEG_CFG, opts, seg_ckpt)
     assert_same_maps(seg_maps(ours), seg_maps(ref), 2)
     whole, _ = mm_predictions(SEG_CFG, opts[:-len(SLIDE)], seg_ckpt)
@@ -203,7 +199,7 @@ def det_tta_setup(data_dir, tmp_path):
     return str(config), opts, random_checkpoint(str(config), opts, tmp_path / 'w.pth')
 
 
-def test_det_tta_equals_mmdet_det_tta_model(data_dir, tmp_path):
+def test_det_tta_equals_mmdet_det_tta_model(data_dir, tmp_path, capsys):
     config, opts, ckpt = det_tta_setup(data_dir, tmp_path)
     ours, metrics = run_tool([config, ckpt, '--tta', '--cfg-options', *opts], tmp_path)
     ref, _ = mm_predictions(config, opts, ckpt, tta=True)
@@ -213,6 +209,13 @@ def test_det_tta_equals_mmdet_det_tta_model(data_dir, tmp_path):
         for key in ('bboxes', 'scores', 'labels'):
             assert torch.equal(a.pred_instances[key], b.pred_instances[key]), key
     assert 0 <= metrics['bbox_mAP'] <= 1
+    # per-class AP (mmdet's classwise columns) in the metrics JSON and the printed table
+    per_class = json.loads((tmp_path / 'test_metrics.json').read_text())['per_class']
+    assert {'bbox_AP', 'bbox_AP_50', 'bbox_AP_75'} <= set(per_class) and 'segm_AP' not in per_class
+    assert set(per_class['bbox_AP']) == {'square', 'disc', 'triangle'}
+    table = capsys.readouterr().out
+    for name, ap in per_class['bbox_AP'].items():
+        assert any(line.split()[:2] == [name, '-' if ap is None else f'{ap:.4f}'] for line in table.splitlines())
 
 
 def test_tta_refused_where_it_cannot_work(data_dir, tmp_path):

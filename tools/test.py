@@ -13,11 +13,13 @@ image with the predictions drawn by mmdet's / mmseg's visualizer. Runs on the de
 ``--tta``: test-time augmentation with the config's ``tta_model`` (mmseg ``SegTTAModel``: multi-scale + flip,
 softmax averaged; mmdet ``DetTTAModel``: boxes merged by NMS, box-only detectors) on the config's
 ``tta_pipeline``. Sliding-window inference (mmseg) is a config setting:
-``--cfg-options model.test_cfg.mode=slide model.test_cfg.crop_size=(512,512) model.test_cfg.stride=(341,341)``.
+``--cfg-options model.test_cfg.mode=slide 'model.test_cfg.crop_size=(512,512)' 'model.test_cfg.stride=(341,341)'``.
 
 ``--out-dir DIR``: test-server submission files (tasks/submission.py): ``DIR/results.bbox.json`` and
 ``DIR/results.segm.json`` (COCO results format), or one label PNG per image (ADE20K). ``--format-only``
-writes only these, without ground truth or metrics (e.g. on ``image_info_test-dev2017.json``).
+writes only these, without metrics, and loads no ground truth (the test pipeline's ``LoadAnnotations`` steps are
+left out, and so is an annotation directory): COCO's ``image_info_test-dev2017.json``, or ADE20K's test images
+(``test_dataloader.dataset.data_prefix.img_path=release_test/testing``).
 """
 
 from __future__ import annotations
@@ -75,19 +77,26 @@ def format_table(metrics: dict) -> str:
 
 
 def format_per_class_table(per_class: dict) -> str:
-    """One row per class, one column per metric (mmdet's ``classwise`` AP / mmseg's IoU and Acc table);
-    ``-`` for a class absent from the ground truth."""
-    names = list(per_class)
-    classes = list(dict.fromkeys(c for values in per_class.values() for c in values))
-    width = max([len(str(c)) for c in classes] + [5])
-    cols = [max(len(n), 6) for n in names]
-    lines = [f'{"class":<{width}}  ' + '  '.join(f'{n:>{w}}' for n, w in zip(names, cols)),
-             f'{"-" * width}  ' + '  '.join('-' * w for w in cols)]
-    for c in classes:
-        cells = [per_class[n].get(c) for n in names]
-        lines.append(f'{c:<{width}}  ' + '  '.join('-'.rjust(w) if v is None or v != v else f'{v:{w}.4f}'
-                                                   for v, w in zip(cells, cols)))
-    return '\n'.join(lines)
+    """One table per metric family (COCO: ``bbox`` and ``segm`` AP columns as mmdet's ``classwise``; ADE20K:
+    ``IoU`` and ``Acc`` as mmseg's table), one row per class; ``-`` for a class absent from the ground truth."""
+    groups: dict[str, list[str]] = {}
+    for name in per_class:  # 'bbox_AP_50' -> family 'bbox', column 'AP_50'; 'IoU' -> family '', column 'IoU'
+        family = name.split('_', 1)[0] if name.split('_', 1)[0] in ('bbox', 'segm') else ''
+        groups.setdefault(family, []).append(name)
+    tables = []
+    for family, names in groups.items():
+        cols = [n.removeprefix(f'{family}_') for n in names]
+        classes = list(dict.fromkeys(c for n in names for c in per_class[n]))
+        width = max([len(str(c)) for c in classes] + [len(family), 5])
+        widths = [max(len(c), 6) for c in cols]
+        lines = [f'{family or "class":<{width}}  ' + '  '.join(f'{c:>{w}}' for c, w in zip(cols, widths)),
+                 f'{"-" * width}  ' + '  '.join('-' * w for w in widths)]
+        for c in classes:
+            cells = ['-'.rjust(w) if per_class[n].get(c) is None else f'{per_class[n][c]:{w}.4f}'
+                     for n, w in zip(names, widths)]
+            lines.append(f'{c:<{width}}  ' + '  '.join(cells))
+        tables.append('\n'.join(lines))
+    return '\n\n'.join(tables)
 
 
 def use_tta_pipeline(cfg, config_path: str) -> None:
@@ -95,8 +104,23 @@ def use_tta_pipeline(cfg, config_path: str) -> None:
     missing = [key for key in ('tta_model', 'tta_pipeline') if cfg.get(key) is None]
     if missing:
         raise ValueError(f'--tta: {config_path} defines no {" / ".join(missing)}. Inherit them from an mmseg '
-                         'ADE20K base or define them as mmdet does (configs/README.md, "Test-time augmentation")')
+                         'ADE20K base or define them as mmdet does (README, "Evaluation protocols")')
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+
+
+def without_annotation_loading(pipeline: list) -> list:
+    """The pipeline without its ``LoadAnnotations`` steps, also inside ``TestTimeAug``: ``--format-only`` needs no
+    ground truth, and test-server images have none."""
+    def keep(step) -> bool:
+        return not str(step.get('type', '')).endswith('LoadAnnotations')
+
+    out = []
+    for step in filter(keep, pipeline):
+        if step.get('type') == 'TestTimeAug':  # a list of alternatives per stage; a stage left empty goes
+            stages = [[t for t in stage if keep(t)] for stage in step['transforms']]
+            step = dict(step, transforms=[stage for stage in stages if stage])
+        out.append(step)
+    return out
 
 
 def main(argv=None, callbacks=()) -> dict:
@@ -106,6 +130,10 @@ def main(argv=None, callbacks=()) -> dict:
     cfg = load_config(args.config, args.cfg_options)
     if args.tta:
         use_tta_pipeline(cfg, args.config)
+    if args.format_only:  # no ground truth: none loaded, none needed on disk
+        dataset = cfg.test_dataloader.dataset
+        dataset.pipeline = without_annotation_loading(dataset.pipeline)
+        (dataset.get('data_prefix') or {}).pop('seg_map_path', None)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
     if not osp.exists(args.checkpoint):
         raise FileNotFoundError(f'checkpoint {args.checkpoint} does not exist')
