@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests._tools import DET_CFG, REPO, SEG_CFG, flat_metrics, load_tool, random_checkpoint, write_image_info
 
@@ -130,8 +131,13 @@ def test_test_tool_tta_slide_and_submission_files_each_image_once(data_dir, tmp_
             work = tmp_path / f'{name}{devices}'
             args = [config, ckpt, '--work-dir', str(work), '--out-dir', str(work / 'files'), *flags,
                     '--cfg-options', *opts, f'trainer.devices={devices}']
-            if devices == 1:
-                test.main(args)
+            if devices == 1:  # one thread, as each DDP process (env()): the same float sums
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                try:
+                    test.main(args)
+                finally:
+                    torch.set_num_threads(threads)
             else:
                 run([sys.executable, 'tools/test.py', *args, 'trainer.strategy=ddp'], env=env(), timeout=2 * TIMEOUT)
             files = {f: (work / 'files' / f).read_bytes() for f in sorted(os.listdir(work / 'files'))}
