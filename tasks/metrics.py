@@ -167,6 +167,10 @@ class DetectionEvaluator(Metric):
 
     @staticmethod
     def _encode_masks(record: dict, pred: Any, parts: list, img_path: str) -> None:
+        if 'masks' not in pred or not all('masks' in p for p in parts):
+            raise ValueError(f'image {img_path}: DetectionEvaluator(with_masks=True) needs pred_instances.masks and '
+                             'gt masks; load them with LoadAnnotations(with_mask=True) in the test pipeline, or '
+                             'evaluate boxes only with with_masks=False')
         record['dt_masks'], size = encode_masks_transposed(pred.masks)
         gt = [encode_masks_transposed(p.masks) for p in parts]
         record['gt_masks'] = [c for counts, _ in gt for c in counts]

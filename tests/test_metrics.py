@@ -1,5 +1,6 @@
 """tasks.metrics against the real mmdet ``CocoMetric`` / mmseg ``IoUMetric`` on random-ish data."""
 import contextlib
+import copy
 import io
 import json
 import multiprocessing
@@ -229,6 +230,11 @@ def test_detection_box_only_matches_mmdet(det_data):
         assert out[k] == pytest.approx(ref[k], abs=1e-3), k
         assert out[k] == pytest.approx(exact[k], abs=1e-6), k
     _check_per_class(out['per_class'], ref['per_class'], exact['per_class'], ['bbox'])
+    # masks asked for but not loaded: a clear error, not an AttributeError from inside
+    broken = copy.deepcopy(samples[3])  # clone() is shallow
+    del broken.gt_instances.masks
+    with pytest.raises(ValueError, match=r'LoadAnnotations\(with_mask=True\).*with_masks=False'):
+        DetectionEvaluator().update([broken])
     # without class names the classes are named by their indices, for those seen
     unnamed = _evaluate(DetectionEvaluator(with_masks=False), [samples])['per_class']['bbox_AP']
     assert unnamed == {str(i): out['per_class']['bbox_AP'][c] for i, c in enumerate(CLASSES)}
