@@ -70,3 +70,35 @@ def test_compiled_backbone_matches_eager():
         outs = benchmark.compiled(model, x, args)(x)
     for a, b in zip(outs, eager):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_scaling_times_every_model_at_every_size_and_plots_each_curve(tmp_path):
+    sizes = ('64x96', '224x224')
+    import torch
+    args = _args('--scaling', '--sizes', *sizes, '--arch', 'shrunk', '--no-memory')
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 12 short steps: two threads' barriers cost more than they share on a busy machine
+    try:
+        rows = benchmark.scaling(args)
+    finally:
+        torch.set_num_threads(threads)
+    labels = [label if name == 'swin-t' else f'{label} [shrunk]' for label, name, *_ in benchmark.SCALING_MODELS]
+    assert [(r['model'], r['size']) for r in rows] == [(m, s) for s in sizes for m in labels]
+    by = {(r['model'], r['size']): r for r in rows}
+    # the reference HAT-Net, like the official code, needs stage maps that divide by its grids (224x224 does)
+    unrunnable = by['reference HAT-Net-S [shrunk]', '64x96']
+    assert unrunnable['seconds'] is None and unrunnable['note'].startswith('cannot run')
+    assert all(r['seconds'] > 0 for r in rows if r is not unrunnable)
+    table = benchmark.scaling_tables(rows).splitlines()
+    assert table[0] == '| s/iter (train step) | 64x96 | 224x224 |'
+    for label in labels:
+        cells = next(line for line in table if line.startswith(f'| {label} |')).strip('|').split('|')
+        assert [float(c) > 0 for c in cells[1:] if c.strip() != 'n/a'], label
+    fig = benchmark.scaling_plot(rows, tmp_path / 'scaling.png')
+    time_axes, memory_axes = fig.axes
+    points = {line.get_label(): len(line.get_xdata()) for line in time_axes.get_lines()}
+    assert {label: points[label] for label in labels} == {
+        label: 1 if label.startswith('reference HAT-Net') else 2 for label in labels}
+    assert time_axes.get_xscale() == time_axes.get_yscale() == 'log'
+    assert not memory_axes.get_lines()  # --no-memory: nothing drawn there
+    assert (tmp_path / 'scaling.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

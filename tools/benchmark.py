@@ -5,6 +5,7 @@
   python tools/benchmark.py --table     # the README's speed table (448x672 and 800x1344, train, fp32)
   python tools/benchmark.py --variants  # params and GMACs of the released variants at 224x224
   python tools/benchmark.py --throughput --device cuda --precision bf16  # images/s at 224x224, batch 64
+  python tools/benchmark.py --scaling [--sizes 224x224 448x672 800x1344] [--plot scaling.png]  # cost vs size
 
 Time: median seconds per iteration (forward, and backward of all stage outputs in train mode) after
 warm-up. With --compare, every model is timed in this process, round-robin, on the same input, so the
@@ -33,6 +34,13 @@ sys.path.insert(0, str(ROOT))
 from backbones import HATNet, STViT  # noqa: E402
 
 FAMILIES = {"stvit": STViT, "hatnet": HATNet}
+# docs/DESIGN.md's shrunk archs (not released variants): the CPU smoke runs of the measuring tools.
+SHRUNK_ARCHS = {
+    "stvit": dict(embed_dims=[32, 64, 128, 256], depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], n_iter=[1, 1, 1, 1],
+                  stoken_size=[8, 4, 1, 1], layerscale=[False] * 4, init_values=1e-5),
+    "hatnet": dict(dims=[32, 64, 128, 256], head_dim=32, expansions=[4, 4, 4, 4], grid_sizes=[8, 7, 7, 1],
+                   ds_ratios=[8, 4, 2, 1], depths=[1, 1, 2, 1], kernel_sizes=[3, 3, 3, 3]),
+}
 BASELINES = ("reference", "swin-t", "resnet50")
 
 
@@ -41,7 +49,7 @@ def build(name: str, family: str, arch: str, stoken_size=None, with_cp=False) ->
     torch.manual_seed(0)
     if name in ("ours", "reference"):
         kwargs = dict(stoken_size=stoken_size) if stoken_size and family == "stvit" else {}
-        model = FAMILIES[family](arch, with_cp=with_cp, **kwargs)
+        model = FAMILIES[family](SHRUNK_ARCHS[family] if arch == "shrunk" else arch, with_cp=with_cp, **kwargs)
         if name == "reference":
             from tests.reference_impl import as_reference
             model = as_reference(model)
@@ -58,22 +66,65 @@ def build(name: str, family: str, arch: str, stoken_size=None, with_cp=False) ->
     raise ValueError(f"unknown model {name!r}; choose ours or one of {BASELINES}")
 
 
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def make_step(model, x, mode: str, precision: str):
-    autocast = torch.autocast(x.device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    """One iteration as a callable: inference under no_grad, or forward + backward of the sum of the stage
+    outputs' means. bf16 / fp16 run under autocast; fp16 training scales the loss with a GradScaler and
+    unscales the gradients (its inf/NaN check), as Lightning's ``16-mixed`` does before an optimizer step.
+    The call does not wait for CUDA kernels: time it with ``timed_call``."""
+    dtype = AMP_DTYPES.get(precision)
+    autocast = torch.autocast(x.device.type, dtype=dtype) if dtype else nullcontext()
     model.train(mode == "train")
+    scaler = holder = None
+    if precision == "fp16" and mode == "train":
+        scaler = torch.amp.GradScaler(x.device.type)
+        holder = torch.optim.SGD(model.parameters(), lr=0.0)  # unscale_ reads its param groups; never stepped
 
     def step():
         if mode == "train":
             model.zero_grad(set_to_none=True)
             with autocast:
                 outs = model(x)
-            sum(o.float().mean() for o in outs).backward()
+            loss = sum(o.float().mean() for o in outs)
+            if scaler is None:
+                loss.backward()
+            else:
+                scaler.scale(loss).backward()
+                scaler.unscale_(holder)
+                scaler.update()
         else:
             with torch.no_grad(), autocast:
                 model(x)
-        if x.device.type == "cuda":
-            torch.cuda.synchronize()
+    step.scaler = scaler
     return step
+
+
+def timed_call(fn, device) -> float:
+    """Seconds that ``fn()`` takes on ``device``: on CUDA between two CUDA events (the kernels' time, waited
+    for), else perf_counter."""
+    if torch.device(device).type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def throughput(model, x, warmup: int, repeat: int, precision: str = "fp32") -> float:
+    """Images per second of inference as the STViT paper's ``throughput()`` measures it: eval mode, no_grad,
+    ``warmup`` iterations, then ``repeat`` iterations timed together (one wait for the GPU at the end)."""
+    step = make_step(model.eval(), x, "infer", precision)
+    for _ in range(warmup):
+        step()
+    seconds = timed_call(lambda: [step() for _ in range(repeat)], x.device)
+    return repeat * x.shape[0] / seconds
 
 
 def count_gmacs(model, x) -> float:
@@ -97,9 +148,7 @@ def time_models(models: dict, x, args) -> dict:
     times = {k: [] for k in steps}
     for _ in range(args.repeat):
         for k, step in steps.items():  # round-robin: machine noise hits every model alike
-            t0 = time.perf_counter()
-            step()
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(timed_call(step, x.device))
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -256,11 +305,11 @@ def throughput_table(args) -> str:
         a = copy.copy(args)
         a.arch, a.mode, a.stoken_size = arch, "infer", None
         model, x = _model_and_input("ours", a)
-        seconds = time_models({"ours": model}, x, a)["ours"]
+        images_per_s = throughput(model, x, a.warmup, a.repeat, a.precision)
         del model, x
         paper = PAPER_THROUGHPUT.get((family, arch)) if tuple(a.size) == (224, 224) else None
         lines.append(f"| {family}-{arch} | {a.size[0]}x{a.size[1]} | {a.batch} | {a.device} | {a.precision} "
-                     f"| {a.batch / seconds:.1f} | {paper if paper else 'n/a'} |")
+                     f"| {images_per_s:.1f} | {paper if paper else 'n/a'} |")
         print(lines[-1], file=sys.stderr, flush=True)
     return "\n".join(lines)
 
@@ -298,6 +347,106 @@ def speed_table(args) -> str:
     return "\n".join(lines)
 
 
+# --scaling: (label, build name, family, dense stoken sizes?). The reference STViT-S keeps the preset's global
+# attention in stage 3 as explicit N x N matrices: the quadratic curve next to ours.
+SCALING_MODELS = (("STViT-S", "ours", "stvit", False), ("STViT-S dense", "ours", "stvit", True),
+                  ("HAT-Net-S", "ours", "hatnet", False), ("Swin-T (mmdet)", "swin-t", "stvit", False),
+                  ("reference STViT-S", "reference", "stvit", False),
+                  ("reference HAT-Net-S", "reference", "hatnet", False))
+SCALING_SIZES = ((224, 224), (448, 448), (448, 672), (640, 960), (800, 1344))
+
+
+def scaling(args) -> list[dict]:
+    """Train-step seconds and peak memory of SCALING_MODELS at every size of --sizes (batch --batch, --arch for
+    ours and the references): the models of one size are timed round-robin in this process; a model that
+    cannot run at a size (the reference HAT-Net, like the official code, needs stage maps that divide by its
+    grids) gets a row with its reason instead of numbers."""
+    import copy
+    rows = []
+    for size in args.sizes:
+        configs, models = {}, {}
+        torch.manual_seed(1)
+        x = torch.randn(args.batch, 3, *size, device=args.device)
+        for label, name, family, dense in SCALING_MODELS:
+            if args.arch != "small" and name != "swin-t":
+                label += f" [{args.arch}]"
+            a = copy.copy(args)
+            a.size, a.family, a.mode, a.compare = size, family, "train", False
+            a.stoken_size = args.dense_stoken_size if dense else None
+            row = dict(model=label, impl=name, size=f"{size[0]}x{size[1]}", pixels=size[0] * size[1], seconds=None,
+                       peak_gib=None, note="")
+            rows.append(row)
+            model = build(name, family, a.arch, a.stoken_size, a.with_cp).to(args.device)
+            try:
+                with torch.no_grad():
+                    model.eval()  # mm backbones' train() returns None
+                    model(x[:1])
+            except RuntimeError as e:
+                row["note"] = f"cannot run: {str(e).splitlines()[0][:100]}"
+                continue
+            models[label], configs[label] = model, (name, a, row)
+        print(f"note: {size[0]}x{size[1]}: timing {', '.join(models)}", file=sys.stderr, flush=True)
+        for label, seconds in time_models(models, x, args).items():
+            configs[label][2]["seconds"] = seconds
+        del models
+        for name, a, row in configs.values():
+            if not args.no_memory:
+                row["peak_gib"] = peak_memory_gib(name, a)
+    return rows
+
+
+def scaling_tables(rows) -> str:
+    sizes = list(dict.fromkeys(r["size"] for r in rows))
+    cells = {(r["model"], r["size"]): r for r in rows}
+    out = []
+    for title, key, fmt in (("s/iter (train step)", "seconds", "{:.3f}"), ("peak GiB", "peak_gib", "{:.2f}")):
+        out += [f"| {title} | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
+        for label in dict.fromkeys(r["model"] for r in rows):
+            values = [cells[label, s][key] for s in sizes]
+            out.append(f"| {label} | " + " | ".join(fmt.format(v) if v is not None else "n/a" for v in values) + " |")
+        out.append("")
+    notes = sorted({f"{r['model']} {r['size']}: {r['note']}" for r in rows if r["note"]})
+    return "\n".join(out + notes)
+
+
+def scaling_plot(rows, path, title=""):
+    """Log-log plot of seconds and peak memory against pixels, one line per model, with dotted slopes 1 and 2
+    (cost proportional to the pixels and to their square) through STViT-S's smallest point. Returns the figure."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from backbones.atomic import atomic_write
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for ax, key, ylabel in ((axes[0], "seconds", "seconds per train step"), (axes[1], "peak_gib", "peak GiB")):
+        labels = list(dict.fromkeys(r["model"] for r in rows))
+        for i, label in enumerate(labels):
+            points = [(r["pixels"], r[key], r["impl"]) for r in rows if r["model"] == label and r[key] is not None]
+            if points:
+                px, ys, impl = zip(*points)
+                ax.plot(px, ys, "--" if impl[0] == "reference" else "-", marker="o", color=f"C{i}", label=label)
+        if not ax.get_lines():
+            ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center")
+            continue
+        base = [(r["pixels"], r[key]) for r in rows if r["model"] == labels[0] and r[key] is not None]
+        if len(base) > 1 and key == "seconds":
+            (p0, y0), p1 = base[0], base[-1][0]
+            for slope, style in ((1, ":"), (2, "-.")):
+                ax.plot([p0, p1], [y0, y0 * (p1 / p0) ** slope], style, color="grey", linewidth=0.8,
+                        label=f"slope {slope} (cost ~ pixels{'' if slope == 1 else '^2'})")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("input pixels (H x W)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=90))
+    return fig
+
+
 def print_rows(rows):
     hdr = f"{'model':10} {'arch':>6} {'size':>9} {'mode':>5} {'params(M)':>9} {'GMACs':>7} {'s/iter':>7} " \
           f"{'peak GiB':>8} {'vs ref':>6}"
@@ -311,13 +460,15 @@ def print_rows(rows):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES), default="stvit")
-    p.add_argument("--arch", default="small")
+    p.add_argument("--arch", default="small",
+                   help="a preset of --family, or 'shrunk' (docs/DESIGN.md's CPU-test archs)")
     p.add_argument("--size", type=lambda s: tuple(int(v) for v in s.lower().split("x")),
                    help="HxW (default 448x672; 224x224 with --throughput)")
     p.add_argument("--batch", type=int, help="default 1; 64 with --throughput")
     p.add_argument("--mode", choices=["train", "infer"], default="train")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="fp16: autocast, and in train mode a GradScaler as Lightning's 16-mixed")
     p.add_argument("--stoken-size", type=lambda s: [int(v) for v in s.split(",")], default=None,
                    help="STViT super-token sizes per stage, e.g. 8,4,2,1")
     p.add_argument("--with-cp", action="store_true", help="activation checkpointing")
@@ -336,6 +487,13 @@ def parse_args(argv=None):
     p.add_argument("--throughput", action="store_true",
                    help="images/s of every released variant of --family in inference (224x224, batch 64 by "
                         "default), next to the STViT paper's figures; e.g. --device cuda --precision bf16")
+    p.add_argument("--scaling", action="store_true",
+                   help="train-step time and peak memory against the input size (--sizes) for STViT-S (preset and "
+                        "dense), HAT-Net-S, mmdet's Swin-T and the reference implementation, one round-robin run "
+                        "per size; a table, and with --plot a log-log figure")
+    p.add_argument("--sizes", nargs="+", help="--scaling sizes, HxW each (spaces or commas; default "
+                   + ",".join(f"{h}x{w}" for h, w in SCALING_SIZES) + ")")
+    p.add_argument("--plot", help="--scaling: write the log-log plot to this PNG")
     p.add_argument("--dense-stoken-size", type=lambda s: [int(v) for v in s.split(",")], default=[8, 4, 2, 1],
                    help="STViT super-token sizes of the table's dense-prediction rows (default 8,4,2,1)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's default)")
@@ -345,6 +503,14 @@ def parse_args(argv=None):
         args.size = (224, 224) if args.throughput else (448, 672)
     if args.batch is None:
         args.batch = 64 if args.throughput else 1
+    sizes = [s for item in args.sizes or () for s in item.split(",") if s]
+    try:
+        args.sizes = [tuple(int(v) for v in s.lower().split("x")) for s in sizes] or list(SCALING_SIZES)
+        assert all(len(s) == 2 for s in args.sizes)
+    except (ValueError, AssertionError):
+        p.error(f"--sizes {' '.join(sizes)}: each size is HxW, e.g. 448x672")
+    if args.plot and not args.scaling:
+        p.error("--plot draws the --scaling figure: add --scaling")
     return args
 
 
@@ -365,6 +531,16 @@ def main(argv=None):
         return
     if args.throughput:
         print(throughput_table(args))
+        return
+    if args.scaling:
+        rows = scaling(args)
+        print(scaling_tables(rows))
+        if args.plot:
+            scaling_plot(rows, args.plot, f"train step, batch {args.batch}, {args.precision}, "
+                         f"{torch.get_num_threads()} threads, {args.device}; ours / reference arch {args.arch}")
+            print(f"wrote {args.plot}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
         return
     rows = run(args)
     print_rows(rows)
