@@ -182,3 +182,31 @@ def test_checkpoint_write_is_atomic(tmp_path):
         io.save_checkpoint({'w': torch.zeros(1000), 'x': Unpicklable()}, path)
     assert torch.equal(_ckpt(path)['w'], torch.ones(3))  # the previous checkpoint is intact
     assert os.listdir(tmp_path) == ['last.ckpt']  # and the partial temp file is gone
+
+
+def test_plot_curves_draws_every_loss_lr_and_metric_of_each_run(det_run, tmp_path):
+    import shutil
+    plot_curves = load_tool('plot_curves')
+    work_dir, metrics = det_run
+    other = tmp_path / 'run_b'  # a second run: the same logs under another work dir
+    shutil.copytree(osp.join(work_dir, 'logs'), other / 'logs')
+    fig = plot_curves.plot_curves([work_dir, str(other)], tmp_path / 'curves.png')
+    panels = {ax.get_title(): {line.get_label(): line for line in ax.get_lines()} for ax in fig.axes}
+    losses = ['train/loss', 'train/loss_bbox', 'train/loss_cls', 'train/loss_mask', 'train/loss_rpn_bbox',
+              'train/loss_rpn_cls']
+    shown = [k for k, v in metrics.items() if v != -1.0]  # -1: no object of that size, not a value
+    for run in (work_dir, str(other)):
+        assert {f'{run}: {k}' for k in losses} <= set(panels['losses'])
+        lr = panels['learning rate'][f'{run}: train/lr']
+        assert list(lr.get_xdata()) == [0, 1] and all(v > 0 for v in lr.get_ydata())  # the two steps
+        assert set(panels['validation metrics']) >= {f'{run}: {k}' for k in shown}
+        for k in shown:  # the value logged at the end of the epoch is the one plotted
+            line = panels['validation metrics'][f'{run}: {k}']
+            assert line.get_ydata()[-1] == pytest.approx(metrics[k])
+    assert (tmp_path / 'curves.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+    only = plot_curves.plot_curves([work_dir], tmp_path / 'losses.png', keys=['train/loss*'])
+    assert [ax.get_title() for ax in only.axes] == ['losses']
+    with pytest.raises(SystemExit, match=r'no CSV log found; expected .*logs/version_\*/metrics.csv'):
+        plot_curves.plot_curves([str(tmp_path)], tmp_path / 'x.png')
+    assert not (tmp_path / 'x.png').exists()
