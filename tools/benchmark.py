@@ -209,7 +209,7 @@ def compiled(model, x, args):
     """torch.compile(model), compiled by one step here so that the compile time is reported, not timed."""
     t0 = time.perf_counter()
     model = torch.compile(model)
-    make_step(model, x, args.mode, args.precision)()
+    timed_call(make_step(model, x, args.mode, args.precision), x.device)  # waits for the GPU too
     print(f"note: torch.compile + first step: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return model
 
@@ -392,6 +392,8 @@ def scaling(args) -> list[dict]:
         for name, a, row in configs.values():
             if not args.no_memory:
                 row["peak_gib"] = peak_memory_gib(name, a)
+        for row in rows[-len(SCALING_MODELS):]:  # a run cut short still leaves the sizes done in its log
+            print(f"note: {json.dumps(row)}", file=sys.stderr, flush=True)
     return rows
 
 

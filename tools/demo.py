@@ -58,6 +58,7 @@ def main(argv=None) -> int:
         image = sorted((roots[stem.split("_")[0]] / VAL_IMAGES[stem.split("_")[0]]).glob("*.jpg"))[0]
         run([py, "tools/visualize_attention.py", config, str(run_dir / "last.ckpt"), str(image), "--out-dir",
              str(run_dir / "attention"), "--cfg-options", *options])
+        run([py, "tools/plot_curves.py", str(run_dir), "--out", str(run_dir / "training_curves.png")])
         metrics = json.loads((run_dir / "test_metrics.json").read_text())
         passed = metrics.get(key, 0.0) >= threshold
         ok &= passed
@@ -70,6 +71,7 @@ def main(argv=None) -> int:
         print(f"  metrics: {run_dir / 'test_metrics.json'}  pictures: {run_dir / 'vis'}/  "
               f"checkpoints and logs: {run_dir}/")
         print(f"  attention maps (tools/visualize_attention.py): {run_dir / 'attention'}/")
+        print(f"  training curves (tools/plot_curves.py): {run_dir / 'training_curves.png'}")
     return 0 if ok else 1
 
 

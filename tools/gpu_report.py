@@ -281,6 +281,13 @@ def build_on(models, device, key, size, family_arch=None):
     return models.build(key, size, family_arch).to(device)
 
 
+def tf32_state() -> str:
+    try:  # torch refuses to read the legacy flags after a mix of its legacy and new TF32 APIs
+        return f"matmul {torch.backends.cuda.matmul.allow_tf32}, cuDNN {torch.backends.cudnn.allow_tf32}"
+    except RuntimeError as e:
+        return f"unknown ({str(e)[:80]})"
+
+
 def free(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -526,8 +533,7 @@ def render(ctx: dict, sections: dict) -> str:
            f"- mode: {'quick (docs/DESIGN.md shrunk archs)' if ctx['quick'] else 'full'}; "
            f"time budget {plan.budget_s:.0f} s; "
            f"timing: {'CUDA events' if device.type == 'cuda' else 'perf_counter'} after warm-up; "
-           f"TF32 for the timed rows: matmul {torch.backends.cuda.matmul.allow_tf32}, "
-           f"cuDNN {torch.backends.cudnn.allow_tf32} (torch's defaults; the exactness rows turn both off)", ""]
+           f"TF32 for the timed rows: {tf32_state()} (torch's defaults; the exactness rows turn both off)", ""]
     if "exactness" in sections:
         out += section(
             "Exactness (fp32, TF32 off, batch 1, evaluation mode)",
