@@ -194,7 +194,8 @@ def test_plot_curves_draws_every_loss_lr_and_metric_of_each_run(det_run, tmp_pat
     panels = {ax.get_title(): {line.get_label(): line for line in ax.get_lines()} for ax in fig.axes}
     losses = ['train/loss', 'train/loss_bbox', 'train/loss_cls', 'train/loss_mask', 'train/loss_rpn_bbox',
               'train/loss_rpn_cls']
-    shown = [k for k, v in metrics.items() if v != -1.0]  # -1: no object of that size, not a value
+    # the logged scalars (per_class is a nested dict, not logged); -1: no object of that size, not a value
+    shown = [k for k, v in metrics.items() if isinstance(v, float) and v != -1.0]
     for run in (work_dir, str(other)):
         assert {f'{run}: {k}' for k in losses} <= set(panels['losses'])
         lr = panels['learning rate'][f'{run}: train/lr']

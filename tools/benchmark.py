@@ -309,7 +309,7 @@ def throughput_table(args) -> str:
         del model, x
         paper = PAPER_THROUGHPUT.get((family, arch)) if tuple(a.size) == (224, 224) else None
         lines.append(f"| {family}-{arch} | {a.size[0]}x{a.size[1]} | {a.batch} | {a.device} | {a.precision} "
-                     f"| {images_per_s:.1f} | {paper if paper else 'n/a'} |")
+                     f"| {images_per_s:.4g} | {paper if paper else 'n/a'} |")
         print(lines[-1], file=sys.stderr, flush=True)
     return "\n".join(lines)
 

@@ -95,6 +95,7 @@ def plot_curves(work_dirs, out, keys=None):
                         marker="o" if len(steps) < 20 else None, markersize=3, label=f"{run}: {key}")
         ax.set_title(group)
         ax.set_xlabel("step")
+        ax.tick_params(labelbottom=True)  # shared x axis, but every panel keeps its step numbers
         if group == "learning rate":
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         ax.grid(alpha=0.3)
