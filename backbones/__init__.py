@@ -3,6 +3,8 @@
 ``import backbones`` also registers ``type='STViT'`` / ``type='HATNet'`` in the mm model registries when
 mmengine is installed, so mmdet and mmseg configs can build them.
 """
+import importlib.util
+
 from ._fast_paths import enabled as fast_paths_enabled
 from ._fast_paths import fast_paths, set_fast_paths
 from .hatnet import HATNet
@@ -12,9 +14,5 @@ from .stvit import STViT
 __all__ = ["STViT", "HATNet", "load_pretrained", "LoadReport", "CheckpointError", "set_fast_paths", "fast_paths",
            "fast_paths_enabled"]
 
-try:  # registry adapters: optional, the pure backbones do not need mm packages
-    import mmengine  # noqa: F401
-except ImportError:  # pragma: no cover - exercised only without mmengine
-    pass
-else:
+if importlib.util.find_spec("mmengine") is not None:  # registry adapters: optional, the pure backbones need no mm
     from . import mm  # noqa: F401

@@ -1,16 +1,14 @@
-"""Softmax attention for both backbones: SDPA, or on CPU a oneDNN-GEMM kernel where that measures faster.
+"""Softmax attention for both backbones: ``softmax(q k^T * scale) v``.
 
-Same math either way: ``softmax(q k^T * scale) v``. On this project's CPU (AMD EPYC, 2 cores, fp32) the
-GEMMs inside SDPA's flash kernel run at MKL's rate (~130-170 GFLOP/s) while oneDNN's reach ~400. For
-attention over a few hundred keys or more (STViT's global stage, HAT-Net's global attention to the
-pooled map), a kernel that keeps the attention probabilities and runs the GEMMs through oneDNN takes
-30-45 % less time for forward + backward (measured at both models' shapes at 448x672). All GEMMs go
-through oneDNN; the two that contract over queries (dK, dV) read the probabilities transposed in place.
-Keeping the probabilities holds a (batch x heads, N_q, N_k) float32 tensor, so that kernel is used only
-up to ``LIMITS.attention_max_probs_bytes``; larger inputs (e.g. STViT's stage 3 at 800x1344, 350 MiB per block) take a
-chunked variant that keeps nothing of size N^2 and recomputes each query chunk's probabilities in
-backward, as flash attention does (measured 1.1-1.5x faster than SDPA at N=4200). CUDA, reduced
-precision and torch.compile graphs use SDPA.
+With fast paths off: the attention matrix, materialised (the plain formulation). With fast paths on: SDPA,
+or on CPU in fp32 for attention over a few hundred keys or more (STViT's global stage, HAT-Net's global
+attention to the pooled map) a kernel that runs every GEMM through oneDNN, whose GEMMs measured faster than
+the MKL ones inside SDPA's CPU kernel (README, Performance). The two GEMMs that contract over queries (dK,
+dV) read the probabilities transposed in place. Keeping the probabilities holds a (batch x heads, N_q, N_k)
+float32 tensor, so that kernel is used only up to ``LIMITS.attention_max_probs_bytes``; larger inputs (e.g.
+STViT's stage 3 at 800x1344, 350 MiB per block) take a chunked variant that keeps nothing of size N^2 and
+recomputes each query chunk's probabilities in backward, as flash attention does. CUDA, reduced precision,
+masked attention and torch.compile graphs use SDPA.
 """
 from __future__ import annotations
 
@@ -37,7 +35,7 @@ def _mm_tn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a.T @ b for 2-D tensors with a common first dim, as one oneDNN GEMM.
 
     b goes in as the linear layer's weight b.T, a transposed view that oneDNN's matmul reads in place
-    (measured ~2x torch.mm's MKL GEMM on the attention's dK/dV shapes; copying b.T first costs as much).
+    (faster than torch.mm's MKL GEMM on the attention's dK/dV shapes, and than copying b.T first: README).
     """
     return _onednn_linear(a.t().contiguous(), b.t(), None, "none", [], "")
 
@@ -133,9 +131,17 @@ def _onednn_kernel(q: torch.Tensor, k: torch.Tensor):
     return _OneDnnAttention if query_rows * n_k * 4 <= LIMITS.attention_max_probs_bytes else _OneDnnChunkedAttention
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(q @ k^T * scale) @ v over (..., N, head_dim) tensors."""
-    kernel = _onednn_kernel(q, k)
-    if kernel is not None:
-        return kernel.apply(q, k, v, scale)
-    return F.scaled_dot_product_attention(q, k, v, scale=scale)
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q @ k^T * scale) @ v over (..., N, head_dim) tensors; ``mask`` (boolean, broadcast to
+    (..., N_q, N_k)) marks the keys each query may attend to."""
+    if _fast_paths.enabled():
+        kernel = _onednn_kernel(q, k) if mask is None else None
+        if kernel is not None:
+            return kernel.apply(q, k, v, scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    # the plain formulation, the attention matrix materialised
+    logits = (q * scale) @ k.transpose(-2, -1)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return logits.softmax(-1) @ v

@@ -8,18 +8,16 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from . import _fast_paths
-from ._fast_paths import LIMITS
 
 MIN_INPUT_SIZE = 32
 NUM_STAGES = 4
 
 
-# Memory layout. Both backbones run their feature maps in ``torch.channels_last`` memory (logical NCHW
-# shape, NHWC strides), measured faster on CPU (2-core AMD EPYC, fp32, fwd+bwd): oneDNN's NHWC 1x1
-# convolutions run ~2x faster than the same GEMMs through ``F.linear`` (MKL) or NCHW convolutions, the
-# 3x3 depthwise convolutions up to ~2.5x faster, the channel LayerNorms need no permute copies, and the
-# attention's q/k/v/out reshapes become views with a contiguous head dim (SDPA's flash kernel).
-# Values are unchanged (same math; only summation order inside oneDNN may differ).
+# Memory layout. With fast paths on, both backbones run their feature maps in ``torch.channels_last`` memory
+# (logical NCHW shape, NHWC strides): oneDNN's NHWC convolutions measured faster on CPU, the channel
+# LayerNorms need no permute copies, and the attention's q/k/v/out reshapes become views with a contiguous
+# head dim (README, Performance). With fast paths off they run the official contiguous NCHW layout. Values are
+# unchanged (same math; only summation order inside oneDNN may differ).
 def nhwc(x: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) -> (B, H, W, C) view (contiguous when x is channels_last)."""
     return x.permute(0, 2, 3, 1)
@@ -30,55 +28,10 @@ def nchw(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 3, 1, 2)
 
 
-def channels_last(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous(memory_format=torch.channels_last)
-
-
-# Row chunks. glibc serves every allocation above 32 MiB with a fresh mmap(), so each such tensor pays a page
-# fault per 4 KiB page on first touch (~10 ms for a 38 MiB map on this CPU: more than the math of an
-# elementwise op over it). The widest activations, the 4-8x hidden layers of the MLP / inverted residual at
-# stride 4 and 8, are computed in row chunks of about LIMITS.row_chunk_bytes, which the heap recycles instead.
-# Measured: HAT-Net-S's stride-4 inverted residual at 448x672, fwd+bwd, 1.5x faster. Exact: each chunk
-# carries `halo` rows of context for the depthwise conv, cropped after it.
-
-
-class _OverlappingRows(torch.autograd.Function):
-    """Row slices [lo, hi) of x (views). Backward adds each slice's gradient into one buffer; autograd's own
-    slice backward would allocate, zero and add a full-size tensor per slice."""
-
-    @staticmethod
-    def forward(ctx, x, bounds):
-        ctx.bounds, ctx.shape = bounds, x.shape
-        return tuple(x[:, :, lo:hi] for lo, hi in bounds)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        g0 = grads[0]
-        grad = torch.empty(ctx.shape, dtype=g0.dtype, device=g0.device, memory_format=torch.channels_last).zero_()
-        for (lo, hi), g in zip(ctx.bounds, grads):
-            if g is not None:
-                grad[:, :, lo:hi] += g
-        return grad, None
-
-
-def map_row_chunks(fn, x: torch.Tensor, halo: int, hidden_channels: int) -> torch.Tensor:
-    """``fn(x)``, computed over row chunks of x when fn's widest intermediate (``hidden_channels`` at x's
-    resolution) is above 2 * LIMITS.row_chunk_bytes on CPU with fast paths on. fn must be row-local: stride 1,
-    every output row depending on at most ``halo`` input rows each side, zero padding at the map's borders (a k x k conv
-    with padding k // 2 and pointwise ops)."""
-    hidden_bytes = hidden_channels * x.numel() // x.shape[1] * x.element_size()
-    n_rows = x.shape[2]
-    chunks = min(n_rows, -(-hidden_bytes // LIMITS.row_chunk_bytes))
-    if not _fast_paths.enabled() or x.device.type != "cpu" or hidden_bytes <= 2 * LIMITS.row_chunk_bytes \
-            or chunks < 2:
-        return fn(x)
-    step = -(-n_rows // chunks)
-    rows = [(start, min(start + step, n_rows)) for start in range(0, n_rows, step)]
-    bounds = [(max(start - halo, 0), min(stop + halo, n_rows)) for start, stop in rows]
-    pieces = _OverlappingRows.apply(x, bounds) if torch.is_grad_enabled() and x.requires_grad \
-        else [x[:, :, lo:hi] for lo, hi in bounds]
-    return torch.cat([fn(piece)[:, :, start - lo:stop - lo]
-                      for piece, (start, stop), (lo, _) in zip(pieces, rows, bounds)], 2)
+def internal_layout(x: torch.Tensor) -> torch.Tensor:
+    """x in the memory layout the backbones compute in: channels_last with fast paths on, else contiguous NCHW
+    (a no-op when x is in it already)."""
+    return x.contiguous(memory_format=torch.channels_last if _fast_paths.enabled() else torch.contiguous_format)
 
 
 class DropPath(nn.Module):
@@ -140,24 +93,31 @@ def check_arch_lengths(arch: dict, keys: Sequence[str], family: str) -> None:
 
 
 class StagedBackbone(nn.Module):
-    """Behaviour common to both families.
+    """Behaviour common to both families: output bookkeeping, freezing, ``norm_eval``, activation checkpointing.
 
-    Subclasses build ``self.stem``-like modules and implement ``stage_modules(i)`` (every module whose
-    output feeds stage i: its incoming downsample and its blocks), ``_run_stage(i, x)`` and ``forward``.
+    A family subclass sets the class attributes ``family``, ``archs`` (its released variants) and
+    ``skipped_key_patterns`` (official checkpoint keys without a counterpart, read by ``load_pretrained``),
+    calls ``_setup_outputs`` in its constructor, implements ``stem_modules()`` and ``stage_modules(i)`` (what
+    ``frozen_stages`` freezes) and ``forward``, which runs each stage's blocks through ``_run_blocks``.
     """
 
     family: str = ""
+    archs: dict[str, dict] = {}
+    skipped_key_patterns: tuple[str, ...] = ()
     arch: dict
     out_indices: tuple[int, ...]
     frozen_stages: int
     norm_eval: bool
     with_cp: bool
     stage_channels: list[int]
+    feature_info: list[dict]
 
-    def _setup_outputs(self, stage_channels: Sequence[int]) -> None:
+    def _setup_outputs(self, stage_channels: Sequence[int], output_modules: Sequence[str]) -> None:
+        """``feature_info`` (timm style): per stage its channels, its stride and the name of the module whose
+        output it is (``self.get_submodule(info['module'])``, e.g. to register a forward hook)."""
         self.stage_channels = list(stage_channels)
-        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f"stages.{i}")
-                             for i, c in enumerate(self.stage_channels)]
+        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=name)
+                             for i, (c, name) in enumerate(zip(self.stage_channels, output_modules))]
 
     @property
     def out_channels(self) -> list[int]:
@@ -207,7 +167,7 @@ class StagedBackbone(nn.Module):
     def _run_blocks(self, blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
         for blk in blocks:
             if self.with_cp and x.requires_grad:
-                x = checkpoint(blk, x, use_reentrant=False)
+                x = checkpoint(blk, x, use_reentrant=False, context_fn=_fast_paths.same_paths_in_recomputation())
             else:
                 x = blk(x)
         return x

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+
+import torch
+from torch.utils.checkpoint import noop_context_fn
 
 
 @dataclasses.dataclass
@@ -75,3 +78,13 @@ def fast_paths(enabled: bool, **limits: int) -> Iterator[Limits]:
         set_fast_paths(previous)
         for f in dataclasses.fields(Limits):
             setattr(LIMITS, f.name, getattr(saved, f.name))
+
+
+def same_paths_in_recomputation():
+    """A ``context_fn`` for ``torch.utils.checkpoint``: the recomputation in backward takes the paths that this
+    forward takes, even if the switch or the limits have changed by then. (A compiled graph has its paths
+    fixed already.)"""
+    if torch.compiler.is_compiling():
+        return noop_context_fn
+    state, limits = enabled(), dataclasses.asdict(LIMITS)
+    return lambda: (nullcontext(), fast_paths(state, **limits))

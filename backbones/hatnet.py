@@ -13,26 +13,31 @@ only; the only effect of padding is that border windows hold fewer pixels than `
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import _fast_paths
 from ._attention import attention
 from ._common import (
     NUM_STAGES,
     DropPath,
     StagedBackbone,
-    channels_last,
     check_arch_lengths,
     check_input,
     check_out_indices,
     drop_path_rates,
-    map_row_chunks,
+    internal_layout,
     nchw,
     nhwc,
     resolve_arch,
 )
+from ._kernels import row_chunked
 from .attention_maps import attention_probs, recorder_for
+from .pretrained import load_pretrained
 
 _GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
 # The released variants (official ``HAT_Net_tiny/small/medium/large``).
@@ -63,12 +68,14 @@ class InvertedResidual(nn.Module):
                                              groups=hidden, bias=False), nn.SiLU())
         self.conv3 = nn.Sequential(nn.Conv2d(hidden, dim, 1, bias=False), _gn(dim))
 
-    def forward(self, x):
-        # the GroupNorms see whole maps; what lies between them is row-local (see map_row_chunks)
-        y = map_row_chunks(self._row_local, self.conv1[0](x), self.conv2[0].padding[0], self.conv1[1].out_channels)
-        return self.conv3[1](y)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fast_paths.enabled():
+            # the GroupNorms see whole maps; what lies between them is row-local and computed in row chunks
+            convs = (self.conv1[1], self.conv2[0], self.conv3[0])
+            return self.conv3[1](row_chunked(self._between_norms, self.conv1[0](x), convs, self.conv1[1].out_channels))
+        return self.conv3(self.conv2(self.conv1(x)))
 
-    def _row_local(self, x):  # 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
+    def _between_norms(self, x: torch.Tensor) -> torch.Tensor:  # 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
         return self.conv3[0](self.conv2(self.conv1[2](self.conv1[1](x))))
 
 
@@ -95,7 +102,8 @@ class Attention(nn.Module):
             self.kv = nn.Conv2d(dim, dim * 2, 1)
 
     def _window_attention(self, qkv: torch.Tensor) -> torch.Tensor:
-        # qkv is channels_last: its NHWC view is contiguous, channel = (q|k|v, head, head_dim) as official.
+        # channel = (q|k|v, head, head_dim) as official; with fast paths on, qkv is channels_last and its NHWC
+        # view contiguous.
         B, _, H, W = qkv.shape
         g, nh, hd = self.grid_size, self.num_heads, self.head_dim
         pad_b, pad_r = (-H) % g, (-W) % g
@@ -115,13 +123,13 @@ class Attention(nn.Module):
             probs = attention_probs(q, k, self.scale, mask)  # (B * heads, windows, g * g, g * g)
             record(kind="hat", window_probs=probs.reshape(B, nh, gh * gw, g * g, g * g), windows=(gh, gw),
                    grid_size=g, size=(H, W))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        out = attention(q, k, v, self.scale, mask)
         out = out.reshape(B, nh, gh, gw, g, g, hd).permute(0, 2, 4, 3, 5, 1, 6)
-        return nchw(out.reshape(B, gh * g, gw * g, nh * hd)[:, :H, :W])
+        return internal_layout(nchw(out.reshape(B, gh * g, gw * g, nh * hd)[:, :H, :W]))
 
-    def forward(self, x):
-        # Channels_last throughout (see _common): the 1x1 convs are oneDNN NHWC convolutions, and every
-        # q/k/v below is a (B, heads, N, head_dim) view with contiguous head_dim, as SDPA's flash kernel wants.
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # With fast paths on, channels_last throughout (see _common): the 1x1 convs are oneDNN NHWC convolutions,
+        # and every q/k/v below is a (B, heads, N, head_dim) view with contiguous head_dim, as SDPA wants.
         B, C, H, W = x.shape
         nh, hd = self.num_heads, self.head_dim
         qkv = self.qkv(self.norm(x))
@@ -138,7 +146,7 @@ class Attention(nn.Module):
             record(kind="hat", global_probs=attention_probs(q, k, self.scale).reshape(B, nh, H * W, -1), size=(H, W),
                    pooled=tuple(pooled.shape[-2:]) if self.grid_size > 1 else (H, W),
                    ds_ratio=self.ds_ratio if self.grid_size > 1 else 1)
-        out = nchw(attention(q, k, v, self.scale).transpose(1, 2).reshape(B, H, W, C))
+        out = internal_layout(nchw(attention(q, k, v, self.scale).transpose(1, 2).reshape(B, H, W, C)))
         if self.grid_size > 1:
             out = out + grid_x
         return self.proj(out)
@@ -172,14 +180,22 @@ class HATNet(StagedBackbone):
     Args:
         arch: 'tiny' | 'small' | 'medium' | 'large' or a dict with keys dims, head_dim, expansions,
             grid_sizes, ds_ratios, depths, kernel_sizes.
+        out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
+        drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the paper).
+        with_cp: activation checkpointing of every block in training (less memory, one more forward).
+        frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
         norm_eval: HAT-Net has GroupNorms only, so this has no effect (kept for mm config compatibility).
+        pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
         norm_out: add a GroupNorm to each output (not in the official model; new, untrained weights).
     """
 
     family = "hatnet"
+    archs = ARCHS
+    skipped_key_patterns = SKIPPED_KEY_PATTERNS
 
-    def __init__(self, arch="small", out_indices=(0, 1, 2, 3), drop_path_rate=0.0, with_cp=False,
-                 frozen_stages=-1, norm_eval=False, pretrained=None, norm_out=False):
+    def __init__(self, arch: str | dict = "small", out_indices: Sequence[int] = (0, 1, 2, 3),
+                 drop_path_rate: float = 0.0, with_cp: bool = False, frozen_stages: int = -1, norm_eval: bool = False,
+                 pretrained: str | os.PathLike | Mapping | None = None, norm_out: bool = False):
         super().__init__()
         arch = resolve_arch(arch, ARCHS, "HAT-Net", _REQUIRED, {})
         check_arch_lengths(arch, ("dims", "expansions", "grid_sizes", "ds_ratios", "depths", "kernel_sizes"),
@@ -191,7 +207,6 @@ class HATNet(StagedBackbone):
         self.out_indices = check_out_indices(out_indices)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
         dims = arch["dims"]
-        self._setup_outputs(dims)
 
         self.patch_embed = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, stride=2), _gn(16), nn.SiLU(),
                                          nn.Conv2d(16, dims[0], 3, padding=1, stride=2))
@@ -207,10 +222,14 @@ class HATNet(StagedBackbone):
         if norm_out:
             self.out_norms = nn.ModuleList([_gn(dims[i]) if i in self.out_indices else nn.Identity()
                                             for i in range(NUM_STAGES)])
+        depths = arch["depths"]
+        self._setup_outputs(dims, [
+            f"out_norms.{i}" if norm_out and i in self.out_indices
+            else f"blocks.{i}.{depths[i] - 1}" if depths[i]
+            else f"ds{i + 1}" if i else "patch_embed" for i in range(NUM_STAGES)])
         self.apply(self._init_weights)
         self._freeze()
         if pretrained is not None:
-            from .pretrained import load_pretrained
             load_pretrained(self, pretrained)
 
     @staticmethod
@@ -234,7 +253,7 @@ class HATNet(StagedBackbone):
 
     def forward(self, x):
         check_input(x, "HATNet")
-        x = self.patch_embed(channels_last(x))  # see _common: channels_last runs faster on CPU
+        x = self.patch_embed(internal_layout(x))  # channels_last with fast paths on (see _common)
         outs = []
         for i, ds in enumerate(self._downsamples()):
             if ds is not None:

@@ -223,38 +223,44 @@ def arch_signature(sd: Mapping[str, torch.Tensor], family: str) -> tuple | None:
     return dims, depths
 
 
-def _variant_name(sig, family: str) -> str:
-    from . import hatnet, stvit
-    archs = stvit.ARCHS if family == "stvit" else hatnet.ARCHS
-    dim_key = "embed_dims" if family == "stvit" else "dims"
-    for name, a in archs.items():
-        if sig == (tuple(a[dim_key]), tuple(a["depths"])):
+def _variant_name(sig, model: nn.Module) -> str:
+    """The released variant with this signature (read from the model's family class), or a description."""
+    family = model.family
+    for name, a in model.archs.items():
+        dims = a.get("embed_dims", a.get("dims"))
+        if sig == (tuple(dims), tuple(a["depths"])):
             return f"{family}_{name}"
     return f"{family} with channels {list(sig[0])} and depths {list(sig[1])}" if sig else family
 
 
 def checkpoint_filter(sd: Mapping[str, torch.Tensor], model: nn.Module) -> tuple[dict, list[str]]:
     """Official -> ours: drop the keys that have no counterpart in the backbone (classification head,
-    final projection, constant unfold/fold kernels). Every other key keeps its official name."""
-    patterns = _skip_patterns(model)
+    final projection, constant unfold/fold kernels: the model class's ``skipped_key_patterns``). Every other
+    key keeps its official name."""
     kept, skipped = {}, []
     for k, v in sd.items():
-        (skipped.append(k) if any(re.search(p, k) for p in patterns) else kept.__setitem__(k, v))
+        (skipped.append(k) if any(re.search(p, k) for p in model.skipped_key_patterns) else kept.__setitem__(k, v))
     return kept, skipped
 
 
-def _skip_patterns(model):
-    from . import hatnet, stvit
-    return stvit.SKIPPED_KEY_PATTERNS if model.family == "stvit" else hatnet.SKIPPED_KEY_PATTERNS
-
-
 # --- loading ---------------------------------------------------------------------------------------------
-def load_pretrained(model: nn.Module, checkpoint, prefix: str | None = None) -> LoadReport:
+def load_pretrained(model: nn.Module, checkpoint: str | os.PathLike | Mapping,
+                    prefix: str | None = None) -> LoadReport:
     """Load official / exported / detector weights into an STViT or HATNet, strictly.
 
-    ``checkpoint`` is a path or an already loaded object. Keys that are skipped on purpose and new layers
+    Keys that are skipped on purpose (the model class's ``skipped_key_patterns``) and new layers
     (``out_norms`` when ``norm_out=True``) are listed in the returned report; any other missing or
     unexpected key, a shape mismatch, or weights of another family or variant raise CheckpointError.
+
+    Args:
+        model: the STViT or HATNet to load into (in place).
+        checkpoint: a .pth / .pt / .ckpt / .safetensors path, or an already loaded checkpoint object: an
+            official release ({'model': ...}), a plain state dict, one of our exports, or a detector /
+            segmentor / Lightning checkpoint whose backbone sits under 'backbone.'.
+        prefix: take only the keys under this prefix (e.g. 'backbone.'), stripped; None finds the backbone.
+
+    Returns:
+        A LoadReport listing the loaded, skipped and newly initialised keys and the export's meta.
     """
     family = getattr(model, "family", None)
     if family not in ("stvit", "hatnet"):
@@ -277,8 +283,8 @@ def load_pretrained(model: nn.Module, checkpoint, prefix: str | None = None) -> 
     diff = state_dict_diff(sd, own, optional=lambda k: k.startswith("out_norms.")
                            or k.endswith("num_batches_tracked"))
     if diff:
-        ours = _variant_name(arch_signature(own, family), family)
-        theirs = _variant_name(arch_signature(sd, family), family)
+        ours = _variant_name(arch_signature(own, family), model)
+        theirs = _variant_name(arch_signature(sd, family), model)
         hint = (f" The checkpoint looks like {theirs}, the model is {ours}: build the model with the checkpoint's "
                 "arch, or pick a checkpoint of this variant." if theirs != ours else "")
         raise CheckpointError(f"Checkpoint {source} does not fit this {type(model).__name__}.{hint} {diff}")

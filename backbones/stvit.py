@@ -6,8 +6,8 @@ block, before the PatchMerging that starts the next stage: the same tensor the o
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import partial
+import os
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -19,18 +19,18 @@ from ._common import (
     NUM_STAGES,
     DropPath,
     StagedBackbone,
-    channels_last,
     check_arch_lengths,
     check_input,
     check_out_indices,
     drop_path_rates,
-    map_row_chunks,
+    internal_layout,
     nchw,
     nhwc,
     resolve_arch,
 )
-from ._fast_paths import LIMITS
+from ._kernels import residual_dwconv_mlp
 from .attention_maps import recorder_for
+from .pretrained import load_pretrained
 
 # The released variants (official ``stvit_small/base/large``).
 ARCHS = {
@@ -55,8 +55,8 @@ class LayerNorm2d(nn.LayerNorm):
     """LayerNorm over channels of an NCHW tensor (official: permute -> LN(eps=1e-6) -> permute)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # On a channels_last map both permutes are free views.
-        return nchw(F.layer_norm(nhwc(x), self.normalized_shape, self.weight, self.bias, self.eps))
+        # On a channels_last map (fast paths) both permutes are free views; else the official copies.
+        return internal_layout(nchw(F.layer_norm(nhwc(x), self.normalized_shape, self.weight, self.bias, self.eps)))
 
 
 class _LayerNorm2dWrapper(nn.Module):
@@ -80,45 +80,9 @@ class ResDWC(nn.Module):
         return x + self.conv(x)
 
 
-def _gelu_resdwc(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """r = g + dwconv3x3(g), g = GELU(h), on a channels_last map."""
-    g = F.gelu(h)
-    return g + F.conv2d(g, weight, bias, 1, 1, 1, g.shape[1])
-
-
-class _MlpTail(torch.autograd.Function):
-    """y = fc2(r), r = GELU(h) + dwconv3x3(GELU(h)): the MLP after fc1, saving only h for backward.
-
-    Plain autograd keeps three hidden-width (4 x dim) tensors per block alive until backward (h, GELU(h),
-    r); this keeps h and recomputes GELU and the depthwise conv in backward (no GEMM is recomputed).
-    Same values and gradients; measured: ~1/3 less activation memory for STViT-S (the hidden tensors are
-    the largest ones), at the cost of one GELU + depthwise-conv forward per block (a few % of the step)."""
-
-    @staticmethod
-    def forward(ctx, h, dw_weight, dw_bias, weight, bias):
-        r = _gelu_resdwc(h, dw_weight, dw_bias)
-        ctx.save_for_backward(h, dw_weight, dw_bias, weight)
-        ctx.has_bias = bias is not None
-        return F.conv2d(r, weight, bias)
-
-    @staticmethod
-    def backward(ctx, dy):
-        h, dw_weight, dw_bias, weight = ctx.saved_tensors
-        need_h, need_dww, need_dwb, need_w, need_b = ctx.needs_input_grad
-        leaves = [t.detach().requires_grad_(n) for t, n in ((h, need_h), (dw_weight, need_dww), (dw_bias, need_dwb))]
-        with torch.enable_grad():
-            r = _gelu_resdwc(*leaves)
-        wanted = [t for t in leaves if t.requires_grad]
-        # fc2's backward as the convolution's own backward kernel (the same one autograd would call)
-        grad_r, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            dy.contiguous(memory_format=torch.channels_last), r.detach(), weight,
-            [weight.shape[0]] if ctx.has_bias else None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
-            [bool(wanted), need_w, need_b and ctx.has_bias])
-        grads = iter(torch.autograd.grad(r, wanted, grad_r) if wanted else ())
-        return (*(next(grads) if t.requires_grad else None for t in leaves), grad_w, grad_b)
-
-
 class Mlp(nn.Module):
+    """STViT's ConvFFN: 1x1 conv, GELU, residual depthwise conv (``ResDWC``), 1x1 conv."""
+
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.fc1 = nn.Conv2d(dim, hidden, 1)
@@ -126,29 +90,15 @@ class Mlp(nn.Module):
         self.conv = ResDWC(hidden, 3)
         self.fc2 = nn.Conv2d(hidden, dim, 1)
 
-    def forward(self, x):
-        hidden_numel = self.fc1.out_channels * x.numel() // x.shape[1]
-        # Hidden activations of at least LIMITS.mlp_recompute_numel elements (32 MiB in fp32) are recomputed in
-        # backward (``_MlpTail``): at 800x1344 that is stages 0 and 1, which hold most of the activation memory.
-        recompute = _fast_paths.enabled() and hidden_numel >= LIMITS.mlp_recompute_numel \
-            and torch.is_grad_enabled() and not torch.is_autocast_enabled() and self.act1.approximate == "none"
-        halo = self.conv.conv.padding[0]  # rows of context the depthwise conv reads each side
-        return map_row_chunks(partial(self._row_local, recompute=recompute), x, halo, self.fc1.out_channels)
-
-    def _row_local(self, x, recompute: bool):
-        h = self.fc1(x)
-        if recompute:
-            dw = self.conv.conv
-            return _MlpTail.apply(h, dw.weight, dw.bias, self.fc2.weight, self.fc2.bias)
-        return self.fc2(self.conv(self.act1(h)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fast_paths.enabled() and type(self.conv) is ResDWC:  # row chunks, recomputation in backward
+            return residual_dwconv_mlp(x, self.fc1, self.act1, self.conv.conv, self.fc2)
+        return self.fc2(self.conv(self.act1(self.fc1(x))))
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention over all positions of an NCHW map.
-
-    The official qkv channel layout is (heads, [q|k|v], head_dim); the official softmax over keys is
-    computed here with ``scaled_dot_product_attention`` (same math, no N x N tensor in memory).
-    """
+    """Multi-head self-attention over all positions of an NCHW map (official qkv channel layout: heads,
+    [q|k|v], head_dim). ``attention`` computes softmax(q k^T * scale) v with fast kernels or literally."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True):
         super().__init__()
@@ -159,34 +109,52 @@ class Attention(nn.Module):
         self.qkv = nn.Conv2d(dim, dim * 3, 1, bias=qkv_bias)
         self.proj = nn.Conv2d(dim, dim, 1)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
         nh = self.num_heads
-        qkv = nhwc(self.qkv(x)).reshape(B, H * W, nh, 3, C // nh)
-        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # (B, heads, N, head_dim) each, strided views
-        out = attention(q, k, v, self.scale)  # SDPA or, on CPU where faster, oneDNN GEMMs (_attention)
-        return self.proj(nchw(out.transpose(1, 2).reshape(B, H, W, C)))
+        if _fast_paths.enabled():  # channels_last: (B, heads, N, head_dim) views with a contiguous head_dim
+            q, k, v = nhwc(self.qkv(x)).reshape(B, H * W, nh, 3, C // nh).permute(3, 0, 2, 1, 4).unbind(0)
+            return self.proj(nchw(attention(q, k, v, self.scale).transpose(1, 2).reshape(B, H, W, C)))
+        q, k, v = self.qkv(x).reshape(B, nh, 3, C // nh, H * W).transpose(-1, -2).unbind(2)  # as official
+        return self.proj(attention(q, k, v, self.scale).transpose(-1, -2).reshape(B, C, H, W))
 
 
 def _unfold3x3(x: torch.Tensor) -> torch.Tensor:
-    """(B, h, w, C) -> (B, h*w, 9, C): each super token's 3x3 neighbourhood (zeros outside), contiguous.
+    """(B, h, w, C) -> (B, h*w, 9, C): each super token's 3x3 neighbourhood (zeros outside).
 
-    Same as the official identity-kernel Unfold, in an NHWC layout whose matrices feed ``bmm`` without
-    copies (the strided F.unfold layout made bmm fall back to a per-batch loop)."""
+    Plain: the official identity-kernel convolution. Fast: padded slices, stacked contiguous in an NHWC
+    layout whose matrices feed ``bmm`` without copies."""
     B, h, w, C = x.shape
+    if not _fast_paths.enabled():
+        eye = torch.eye(9, dtype=x.dtype, device=x.device).reshape(9, 1, 3, 3)
+        out = F.conv2d(nchw(x).reshape(B * C, 1, h, w), eye, padding=1)  # (B*C, 9, h, w)
+        return out.reshape(B, C, 9, h * w).permute(0, 3, 2, 1)
     xp = F.pad(x, (0, 0, 1, 1, 1, 1))
     return torch.stack([xp[:, i:i + h, j:j + w] for i in range(3) for j in range(3)], dim=3).reshape(B, h * w, 9, C)
 
 
 def _fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """Adjoint of ``_unfold3x3``: (B, h*w, 9, C) -> (B, h, w, C), summing each neighbour's share."""
+    """Adjoint of ``_unfold3x3``: (B, h*w, 9, C) -> (B, h, w, C), summing each neighbour's share.
+
+    Plain: the official transposed identity-kernel convolution. Fast: nine shifted slice additions."""
     B, _, _, C = x.shape
+    if not _fast_paths.enabled():
+        eye = torch.eye(9, dtype=x.dtype, device=x.device).reshape(9, 1, 3, 3)
+        out = F.conv_transpose2d(x.permute(0, 3, 2, 1).reshape(B * C, 9, h, w), eye, padding=1)
+        return nhwc(out.reshape(B, C, h, w))
     x = x.reshape(B, h, w, 9, C)
     out = x.new_zeros(B, h + 2, w + 2, C)
     for k in range(9):
         i, j = divmod(k, 3)
         out[:, i:i + h, j:j + w] += x[:, :, :, k]
     return out[:, 1:h + 1, 1:w + 1]
+
+
+def _network_dtype(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The super-token association runs in float32, under autocast too (its normaliser ``affinity_sum +
+    1e-12`` underflows in float16); its results go back to the network's dtype: that of the block's input
+    x, or under autocast whatever autocast picks for the next op."""
+    return t if torch.is_autocast_enabled() else t.to(x.dtype)
 
 
 class StokenAttention(nn.Module):
@@ -205,7 +173,7 @@ class StokenAttention(nn.Module):
             return self.stoken_forward(x)
         return self.stoken_refine(x)
 
-    def stoken_forward(self, x):
+    def stoken_forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H0, W0 = x.shape
         h, w = self.stoken_size
         # Like the official code: zero-pad right/bottom to whole super tokens, crop at the end.
@@ -215,32 +183,37 @@ class StokenAttention(nn.Module):
         H, W = x.shape[-2:]
         hh, ww = H // h, W // w
 
-        # Pixel -> super-token association in float32 even under autocast: the normaliser
-        # `affinity_sum + 1e-12` underflows in float16. Everything below is NHWC: (B, tokens, pixels, C).
-        with torch.autocast(x.device.type, enabled=False):
+        with torch.autocast(x.device.type, enabled=False):  # float32 association (see _network_dtype)
+            # pixels: (B, super tokens, pixels of its grid cell, C); everything below is NHWC
             pixels = nhwc(x.float()).reshape(B, hh, h, ww, w, C).transpose(2, 3).reshape(B, hh * ww, h * w, C)
-            # The association is computed without gradient (as in the official code); gradients reach the
-            # super tokens through `pixels` only.
-            with torch.no_grad():
-                # initial super tokens: the mean of each grid cell (official: adaptive_avg_pool2d)
-                stokens = pixels.mean(2).reshape(B, hh, ww, C)
-                for idx in range(self.n_iter):
-                    affinity = (pixels @ _unfold3x3(stokens).transpose(-1, -2) * self.scale).softmax(-1)
-                    affinity_sum = _fold3x3(affinity.sum(2).unsqueeze(-1), hh, ww)  # (B, hh, ww, 1)
-                    if idx < self.n_iter - 1:
-                        stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
+            affinity, affinity_sum = self.associate(pixels, hh, ww)
+            # Eq. (2), the last iteration with gradient: super tokens S = column-normalised Q^T X, each the
+            # affinity-weighted mean of the pixels of its 3x3 neighbourhood of grid cells
             stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
         record = recorder_for(self)  # None unless a backbones.attention_maps.record_attention block watches
         if record is not None:
             record(kind="stoken", affinity=affinity, grid=(hh, ww), stoken_size=(h, w), size=(H0, W0))
-        stokens = nchw(stokens)
-        stokens = self.stoken_refine(stokens.to(x.dtype) if not torch.is_autocast_enabled() else stokens)
-        unfolded = _unfold3x3(nhwc(stokens))  # (B, hh*ww, 9, C)
-        pixels = affinity.to(unfolded.dtype) @ unfolded  # (B, hh*ww, h*w, C)
+        # Eq. (3): multi-head self-attention among the super tokens
+        stokens = self.stoken_refine(internal_layout(nchw(_network_dtype(stokens, x))))
+        # Eq. (4): token upsampling X = Q S, each pixel a mix of the 9 super tokens around its cell
+        pixels = _network_dtype(affinity, x) @ _unfold3x3(nhwc(stokens))  # (B, hh*ww, h*w, C)
         pixels = nchw(pixels.reshape(B, hh, ww, h, w, C).transpose(2, 3).reshape(B, H, W, C))
-        if pad_r or pad_b:
-            pixels = pixels[:, :, :H0, :W0]
-        return pixels
+        return internal_layout(pixels[:, :, :H0, :W0])
+
+    def associate(self, pixels: torch.Tensor, hh: int, ww: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Super token sampling without gradient (as in the official code; gradients reach the super tokens
+        through ``pixels`` only): the association Q (B, hh*ww, h*w, 9) of every pixel with the 9 super tokens
+        around its grid cell after ``n_iter`` iterations, and Q's column sums (B, hh, ww, 1)."""
+        B, _, _, C = pixels.shape
+        with torch.no_grad():
+            stokens = pixels.mean(2).reshape(B, hh, ww, C)  # initial super tokens: the mean of each grid cell
+            for idx in range(self.n_iter):
+                # Eq. (1): association Q^t = softmax(X S^(t-1)^T / sqrt(d)) over the 9 neighbouring super tokens
+                affinity = (pixels @ _unfold3x3(stokens).transpose(-1, -2) * self.scale).softmax(-1)
+                affinity_sum = _fold3x3(affinity.sum(2).unsqueeze(-1), hh, ww)
+                if idx < self.n_iter - 1:  # Eq. (2): super-token update S^t = column-normalised Q^t^T X
+                    stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
+        return affinity, affinity_sum
 
 
 class StokenAttentionLayer(nn.Module):
@@ -309,15 +282,25 @@ class STViT(StagedBackbone):
     Args:
         arch: 'small' | 'base' | 'large' or a dict with keys embed_dims, depths, num_heads, n_iter,
             stoken_size, layerscale, init_values (optional mlp_ratio=4, qkv_bias=True).
+        out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
+        drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the paper).
+        with_cp: activation checkpointing of every block in training (less memory, one more forward).
+        frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
+        norm_eval: keep the BatchNorms in eval mode (running statistics) while training.
+        pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
         stoken_size: per-stage super-token sizes overriding the arch's (e.g. for dense inputs); an
-            entry of 1 means plain global self-attention in that stage.
+            entry of 1 means plain global self-attention in that stage; an entry may be an (h, w) pair.
         norm_out: add a LayerNorm to each output (not in the official model; new, untrained weights).
     """
 
     family = "stvit"
+    archs = ARCHS
+    skipped_key_patterns = SKIPPED_KEY_PATTERNS
 
-    def __init__(self, arch="small", out_indices=(0, 1, 2, 3), drop_path_rate=0.0, with_cp=False,
-                 frozen_stages=-1, norm_eval=False, pretrained=None, stoken_size=None, norm_out=False):
+    def __init__(self, arch: str | dict = "small", out_indices: Sequence[int] = (0, 1, 2, 3),
+                 drop_path_rate: float = 0.0, with_cp: bool = False, frozen_stages: int = -1, norm_eval: bool = False,
+                 pretrained: str | os.PathLike | Mapping | None = None,
+                 stoken_size: Sequence[int | Sequence[int]] | None = None, norm_out: bool = False):
         super().__init__()
         arch = resolve_arch(arch, ARCHS, "STViT", _REQUIRED, _DEFAULTS)
         if stoken_size is not None:
@@ -331,7 +314,6 @@ class STViT(StagedBackbone):
         self.out_indices = check_out_indices(out_indices)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
         dims = arch["embed_dims"]
-        self._setup_outputs(dims)
 
         self.patch_embed = PatchEmbed(dims[0])
         dpr = drop_path_rates(drop_path_rate, arch["depths"])
@@ -349,9 +331,13 @@ class STViT(StagedBackbone):
         if norm_out:
             self.out_norms = nn.ModuleList([LayerNorm2d(dims[i], eps=1e-6) if i in self.out_indices
                                             else nn.Identity() for i in range(NUM_STAGES)])
+        depths = arch["depths"]
+        self._setup_outputs(dims, [
+            f"out_norms.{i}" if norm_out and i in self.out_indices
+            else f"layers.{i}.blocks.{depths[i] - 1}" if depths[i]
+            else f"layers.{i - 1}.downsample" if i else "patch_embed" for i in range(NUM_STAGES)])
         self._freeze()
         if pretrained is not None:
-            from .pretrained import load_pretrained
             load_pretrained(self, pretrained)
 
     # freezing (see StagedBackbone.frozen_modules)
@@ -364,7 +350,7 @@ class STViT(StagedBackbone):
 
     def forward(self, x):
         check_input(x, "STViT")
-        x = self.patch_embed(channels_last(x))  # see _common: channels_last runs faster on CPU
+        x = self.patch_embed(internal_layout(x))  # channels_last with fast paths on (see _common)
         outs = []
         for i, layer in enumerate(self.layers):
             x = self._run_blocks(layer.blocks, x)

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import backbones
-from backbones import HATNet, STViT, load_pretrained
-from tests.reference_impl import as_reference
+from backbones import HATNet, STViT, fast_paths, load_pretrained
 
 CASES = {
     "stvit_tiny_s8411.pt": (STViT, dict(embed_dims=[16, 32, 48, 64], depths=[1, 2, 2, 1], num_heads=[1, 2, 3, 4],
@@ -56,13 +55,11 @@ def test_loads_official_keys(golden):
         assert key.startswith(("head.", "proj.", "norm.", "classifier.")) or key.endswith("fold.weights"), key
 
 
-@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("impl", ["fast", "plain"])
 def test_features_match_official(golden, impl):
-    """Both our modules and the literal reference transcription (tests/reference_impl.py) match."""
+    """Both the fast paths and the plain formulation (backbones.fast_paths(False)) match."""
     name, model, data, _ = golden
-    if impl == "reference":
-        model = as_reference(model)
-    with torch.no_grad():
+    with torch.no_grad(), fast_paths(impl == "fast"):
         for x, expected in zip(data["inputs"], data["features"]):
             outs = model(x)
             assert len(outs) == 4

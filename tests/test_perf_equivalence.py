@@ -1,19 +1,22 @@
-"""The speed / memory code paths compute exactly what the plain formulation computes (forward and gradients):
-STViT's recomputing MLP tail (``_MlpTail``), the NHWC unfold / fold of the super-token association, and the
-channels_last layout."""
+"""The speed / memory code paths compute exactly what the plain formulation (fast paths off) computes, forward and
+gradients: STViT's recomputing MLP tail (``_MlpTail``), the row chunks, the NHWC unfold / fold of the super-token
+association, the oneDNN attention kernels and the channels_last layout."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from backbones import STViT, fast_paths
-from backbones.stvit import Mlp, _fold3x3, _MlpTail, _unfold3x3
-from tests.reference_impl import _fold, _unfold, as_reference, outputs_and_grads
+from backbones._kernels import _MlpTail
+from backbones.stvit import Mlp, _fold3x3, _unfold3x3
+from tests._fast_vs_plain import outputs_and_grads
 from tests.test_backbones import STVIT_T
+from tests.test_fast_paths import _grad_fns
 from tests.test_golden import assert_close
 
 
 def _plain_mlp(m: Mlp, x):
-    return m.fc2(m.conv(m.act1(m.fc1(x))))  # the official forward, NCHW convs
+    with fast_paths(False):
+        return m(x)
 
 
 @pytest.mark.parametrize("frozen", [False, True])
@@ -33,21 +36,26 @@ def test_mlp_tail_equals_plain(frozen):
         assert_close(a, b, "mlp grad")
 
 
-def test_mlp_tail_gradcheck():
-    args = [torch.randn(1, 6, 4, 5), torch.randn(6, 1, 3, 3), torch.randn(6), torch.randn(3, 6, 1, 1), torch.randn(3)]
-    assert torch.autograd.gradcheck(_MlpTail.apply, [a.double().requires_grad_() for a in args])
+@pytest.mark.parametrize("kernel", [3, 5])
+def test_mlp_tail_gradcheck(kernel):
+    args = [torch.randn(1, 6, 4, 5), torch.randn(6, 1, kernel, kernel), torch.randn(6), torch.randn(3, 6, 1, 1),
+            torch.randn(3)]
+    conv_args = ((1, 1), (kernel // 2, kernel // 2), (1, 1), 6)
+    inputs = [a.double().requires_grad_() for a in args]
+    assert torch.autograd.gradcheck(lambda *a: _MlpTail.apply(*a, conv_args), inputs)
 
 
 def test_unfold_fold_equal_identity_kernel_convs():
     torch.manual_seed(0)
     B, C, h, w = 2, 5, 4, 6
     x = torch.randn(B, C, h, w)
-    ours = _unfold3x3(x.permute(0, 2, 3, 1))  # (B, h*w, 9, C)
-    ref = _unfold(x).reshape(B, C, 9, h * w).permute(0, 3, 2, 1)
-    torch.testing.assert_close(ours, ref)
     t = torch.randn(B, h * w, 9, C)
-    ref_fold = _fold(t.permute(0, 3, 2, 1).reshape(B * C, 9, h, w)).reshape(B, C, h, w)
-    torch.testing.assert_close(_fold3x3(t, h, w).permute(0, 3, 1, 2), ref_fold)
+    with fast_paths(False):  # the official identity-kernel convolutions
+        ref, ref_fold = _unfold3x3(x.permute(0, 2, 3, 1)), _fold3x3(t, h, w)
+    torch.testing.assert_close(_unfold3x3(x.permute(0, 2, 3, 1)), ref)  # (B, h*w, 9, C)
+    torch.testing.assert_close(_fold3x3(t, h, w), ref_fold)
+    # the official Unfold's order: neighbour k = 3 i + j of token (y, x) is the pixel (y + i - 1, x + j - 1)
+    torch.testing.assert_close(ref[:, 2 * w + 3, 5], x[:, :, 2, 4])
 
 
 @pytest.mark.parametrize("recompute", [True, False])
@@ -57,14 +65,13 @@ def test_stvit_train_step_equals_reference(recompute, with_cp):
     torch.manual_seed(0)
     arch = {**STVIT_T, "stoken_size": [4, 2, 2, 1]}
     model = STViT(arch, with_cp=with_cp).train()
-    ref = as_reference(model)
     with fast_paths(True, mlp_recompute_numel=0 if recompute else 2 ** 62):
-        outs, ref_outs, grads = outputs_and_grads(model, ref, torch.randn(2, 3, 72, 100))
+        outs, ref_outs, grads = outputs_and_grads(model, torch.randn(2, 3, 72, 100))
     for i, (a, b) in enumerate(zip(outs, ref_outs)):
         assert_close(a, b, f"stage {i}")
     for n, g, ref_g in grads:
         if n.endswith("downsample.proj.0.bias"):  # conv bias right before a train-mode BN: gradient is 0 + noise
-            assert g.abs().max() < 1e-4 * ref.layers[0].downsample.proj[0].weight.grad.abs().max()
+            assert g.abs().max() < 1e-4 * model.layers[0].downsample.proj[0].weight.grad.abs().max()
             continue
         assert_close(g, ref_g, n)
 
@@ -126,7 +133,7 @@ def test_attention_dispatch():
 
 
 @pytest.mark.parametrize("family,kernel", [("hatnet", 3), ("hatnet", 5), ("stvit", 3)])
-def test_row_chunked_hidden_layers_are_exact(family, kernel, monkeypatch):
+def test_row_chunked_hidden_layers_are_exact(family, kernel):
     """The row-chunked MLP / inverted residual (halo rows for the depthwise conv) computes what the whole map
     computes: outputs and gradients of input and parameters, including the first/last rows and odd heights."""
     from backbones.hatnet import InvertedResidual
@@ -134,9 +141,9 @@ def test_row_chunked_hidden_layers_are_exact(family, kernel, monkeypatch):
     m = InvertedResidual(8, 32, kernel) if family == "hatnet" else Mlp(8, 32)
     x = torch.randn(2, 8, 23, 10).contiguous(memory_format=torch.channels_last).requires_grad_()
     whole = m(x)  # small map: computed whole
-    calls = []
-    row_local = m._row_local
-    monkeypatch.setattr(m, "_row_local", lambda t, **kw: calls.append(t.shape[2]) or row_local(t, **kw))
+    calls = []  # the heights that the first 1x1 conv sees
+    first_conv = m.conv1[1] if family == "hatnet" else m.fc1
+    first_conv.register_forward_pre_hook(lambda _, args: calls.append(args[0].shape[2]))
     with fast_paths(True, row_chunk_bytes=2 * 32 * 10 * 4 * 3):  # ~3 rows per chunk
         chunked = m(x)
     assert len(calls) >= 6 and max(calls) <= 3 + 2 * (kernel // 2) + 1
@@ -145,3 +152,49 @@ def test_row_chunked_hidden_layers_are_exact(family, kernel, monkeypatch):
     params = [x] + list(m.parameters())
     for a, b in zip(torch.autograd.grad(chunked, params, g), torch.autograd.grad(whole, params, g)):
         assert_close(a, b, "grad")  # weight grads are summed over chunks: rounding only
+
+
+def _fast_and_plain_mlp(m: Mlp, x, **limits):
+    """Outputs and gradients (input and parameters) of m with fast paths on under ``limits``, and off."""
+    results = []
+    for fast in (True, False):
+        with fast_paths(fast, **limits):
+            y = m(x)
+        g = torch.ones_like(y).mul_(torch.linspace(-1, 1, y.numel()).reshape(y.shape))
+        results.append((y, torch.autograd.grad(y, [x] + list(m.parameters()), g), _grad_fns(y)))
+    return results
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_mlp_with_a_5x5_depthwise_conv_at_a_chunked_size(recompute):
+    """A researcher's larger depthwise kernel: the row chunks' halo and the recomputing backward read the conv's
+    own padding (the recomputation once hard-coded padding 1 and crashed on large fp32 training inputs)."""
+    from backbones.stvit import ResDWC
+    torch.manual_seed(0)
+    m = Mlp(8, 32)
+    m.conv = ResDWC(32, 5)
+    x = torch.randn(2, 8, 23, 10).contiguous(memory_format=torch.channels_last).requires_grad_()
+    heights = []
+    m.fc1.register_forward_pre_hook(lambda _, args: heights.append(args[0].shape[2]))
+    (y, grads, fns), (y_ref, grads_ref, _) = _fast_and_plain_mlp(
+        m, x, row_chunk_bytes=2 * 32 * 10 * 4 * 3, mlp_recompute_numel=0 if recompute else 2 ** 62)
+    assert ("_MlpTailBackward" in fns) == recompute
+    assert len(heights) >= 7 and max(heights[:-1]) <= 3 + 2 * 2 + 1  # chunks with 2 halo rows, then the plain run
+    assert_close(y, y_ref, "out")
+    for a, b in zip(grads, grads_ref):
+        assert_close(a, b, "grad")
+
+
+@pytest.mark.parametrize("act", [torch.nn.ReLU(), torch.nn.GELU(approximate="tanh")], ids=["relu", "gelu-tanh"])
+def test_mlp_with_another_activation(act):
+    """Swapping the activation works on the fast path (it once read ``act1.approximate`` of any module) and keeps
+    the plain math: the recomputing backward, written for the exact GELU, is not used."""
+    torch.manual_seed(0)
+    m = Mlp(8, 32)
+    m.act1 = act
+    x = torch.randn(2, 8, 9, 11).contiguous(memory_format=torch.channels_last).requires_grad_()
+    (y, grads, fns), (y_ref, grads_ref, _) = _fast_and_plain_mlp(m, x, mlp_recompute_numel=0)
+    assert "_MlpTailBackward" not in fns
+    assert_close(y, y_ref, "out")
+    for a, b in zip(grads, grads_ref):
+        assert_close(a, b, "grad")

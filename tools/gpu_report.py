@@ -255,15 +255,10 @@ class Models:
 @contextmanager
 def plain_formulation(model):
     """The model computed the plain way (explicit N x N attention, official layout) on the same weights: the
-    tests' literal reference copy where the repository has it, else the model under ``fast_paths(False)``."""
-    try:
-        from tests.reference_impl import as_reference
-    except ImportError:
-        import backbones
-        with backbones.fast_paths(False):
-            yield model
-    else:
-        yield as_reference(model)
+    model under ``backbones.fast_paths(False)``."""
+    import backbones
+    with backbones.fast_paths(False):
+        yield model
 
 
 @contextmanager

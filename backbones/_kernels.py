@@ -1,0 +1,147 @@
+"""Memory and speed kernels behind the model files' fast paths (``backbones.fast_paths``).
+
+Each kernel computes what the plain module code computes, values and gradients
+(``tests/test_perf_equivalence.py``); the model files call them only with fast paths on, and each one checks
+that the modules it is handed are the kind it was written for, falling back to the plain composition
+otherwise. Why each exists, and what it measured, is in the README's Performance section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ._fast_paths import LIMITS
+
+
+# --- row chunks -------------------------------------------------------------------------------------------
+# The widest activations (the MLP / inverted-residual hidden layers at stride 4 and 8) are computed in row
+# chunks of about LIMITS.row_chunk_bytes, which the allocator recycles, instead of one tensor large enough
+# to be served by fresh, page-faulting memory maps (README, Performance: "Row chunks"). Exact: each chunk
+# carries `halo` rows of context for the convolutions, cropped after them.
+class _OverlappingRows(torch.autograd.Function):
+    """Row slices [lo, hi) of x (views). Backward adds each slice's gradient into one buffer; autograd's own
+    slice backward would allocate, zero and add a full-size tensor per slice."""
+
+    @staticmethod
+    def forward(ctx, x, bounds):
+        ctx.bounds, ctx.shape = bounds, x.shape
+        return tuple(x[:, :, lo:hi] for lo, hi in bounds)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        g0 = grads[0]
+        grad = torch.empty(ctx.shape, dtype=g0.dtype, device=g0.device, memory_format=torch.channels_last).zero_()
+        for (lo, hi), g in zip(ctx.bounds, grads):
+            if g is not None:
+                grad[:, :, lo:hi] += g
+        return grad, None
+
+
+def row_halo(conv: nn.Module) -> int | None:
+    """Rows of context that ``conv`` reads on each side of an output row, if it maps rows to the same rows
+    (an nn.Conv2d with stride 1 and zero padding that keeps the height); None otherwise."""
+    if not isinstance(conv, nn.Conv2d) or isinstance(conv.padding, str) or conv.padding_mode != "zeros":
+        return None
+    (k, _), (s, _), (p, _), (d, _) = conv.kernel_size, conv.stride, conv.padding, conv.dilation
+    return p if s == 1 and 2 * p == d * (k - 1) else None
+
+
+def row_chunked(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, convs: Sequence[nn.Module],
+                hidden_channels: int) -> torch.Tensor:
+    """``fn(x)``, computed over row chunks of x when fn's widest intermediate (``hidden_channels`` at x's
+    resolution) is above 2 * LIMITS.row_chunk_bytes on CPU. ``convs`` are the convolutions fn applies one
+    after another; everything else in fn must be pointwise. Computed whole when a conv is not row-local."""
+    halos = [row_halo(c) for c in convs]
+    hidden_bytes = hidden_channels * x.numel() // x.shape[1] * x.element_size()
+    n_rows = x.shape[2]
+    chunks = min(n_rows, -(-hidden_bytes // LIMITS.row_chunk_bytes))
+    if None in halos or x.device.type != "cpu" or hidden_bytes <= 2 * LIMITS.row_chunk_bytes or chunks < 2:
+        return fn(x)
+    halo, step = sum(halos), -(-n_rows // chunks)
+    rows = [(start, min(start + step, n_rows)) for start in range(0, n_rows, step)]
+    bounds = [(max(start - halo, 0), min(stop + halo, n_rows)) for start, stop in rows]
+    pieces = _OverlappingRows.apply(x, bounds) if torch.is_grad_enabled() and x.requires_grad \
+        else [x[:, :, lo:hi] for lo, hi in bounds]
+    return torch.cat([fn(piece)[:, :, start - lo:stop - lo]
+                      for piece, (start, stop), (lo, _) in zip(pieces, rows, bounds)], 2)
+
+
+# --- STViT's ConvFFN -------------------------------------------------------------------------------------
+def _conv_args(conv: nn.Conv2d) -> tuple:
+    return conv.stride, conv.padding, conv.dilation, conv.groups
+
+
+def _gelu_resdwc(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_args: tuple) -> torch.Tensor:
+    """r = g + dwconv(g), g = GELU(h), with the depthwise conv's own stride / padding / dilation / groups."""
+    g = F.gelu(h)
+    return g + F.conv2d(g, weight, bias, *conv_args)
+
+
+class _MlpTail(torch.autograd.Function):
+    """y = fc2(r), r = GELU(h) + dwconv(GELU(h)): the MLP after fc1, saving only h for backward.
+
+    Plain autograd keeps three hidden-width (4 x dim) tensors per block alive until backward (h, GELU(h),
+    r); this keeps h and recomputes GELU and the depthwise conv in backward (no GEMM is recomputed).
+    Same values and gradients, about a third less activation memory for STViT-S at the cost of one GELU +
+    depthwise-conv forward per block (README, Performance)."""
+
+    @staticmethod
+    def forward(ctx, h, dw_weight, dw_bias, weight, bias, dw_args):
+        r = _gelu_resdwc(h, dw_weight, dw_bias, dw_args)
+        ctx.save_for_backward(h, dw_weight, dw_bias, weight)
+        ctx.has_bias, ctx.dw_args = bias is not None, dw_args
+        return F.conv2d(r, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        h, dw_weight, dw_bias, weight = ctx.saved_tensors
+        need_h, need_dww, need_dwb, need_w, need_b, _ = ctx.needs_input_grad
+        leaves = [t.detach().requires_grad_(n) if t is not None else None
+                  for t, n in ((h, need_h), (dw_weight, need_dww), (dw_bias, need_dwb))]
+        with torch.enable_grad():
+            r = _gelu_resdwc(*leaves, ctx.dw_args)
+        wanted = [t for t in leaves if t is not None and t.requires_grad]
+        # fc2's backward as the convolution's own backward kernel (the same one autograd would call)
+        grad_r, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            dy.contiguous(memory_format=torch.channels_last), r.detach(), weight,
+            [weight.shape[0]] if ctx.has_bias else None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+            [bool(wanted), need_w, need_b and ctx.has_bias])
+        grads = iter(torch.autograd.grad(r, wanted, grad_r) if wanted else ())
+        leaf_grads = [next(grads) if t is not None and t.requires_grad else None for t in leaves]
+        return (*leaf_grads, grad_w, grad_b, None)
+
+
+def _is_exact_gelu(act: nn.Module) -> bool:
+    return isinstance(act, nn.GELU) and act.approximate == "none"
+
+
+def _is_pointwise_conv(conv: nn.Module) -> bool:
+    """A 1x1 nn.Conv2d with stride 1, no padding, dilation 1 and groups 1: what _MlpTail's backward assumes."""
+    return isinstance(conv, nn.Conv2d) and conv.kernel_size == (1, 1) and conv.stride == (1, 1) \
+        and conv.padding == (0, 0) and conv.dilation == (1, 1) and conv.groups == 1
+
+
+def residual_dwconv_mlp(x: torch.Tensor, fc1: nn.Module, act: nn.Module, dwconv: nn.Conv2d,
+                        fc2: nn.Module) -> torch.Tensor:
+    """``fc2(g + dwconv(g))`` with ``g = act(fc1(x))`` (STViT's ConvFFN), in row chunks on large CPU maps
+    and, for hidden activations of at least LIMITS.mlp_recompute_numel elements in training (fp32, no
+    autocast), with the GELU and the depthwise conv recomputed in backward (``_MlpTail``). The recomputation
+    applies only to the exact GELU and 1x1 fc2 it was written for; other modules take the plain composition."""
+    hidden_channels = dwconv.in_channels
+    hidden_numel = hidden_channels * x.numel() // x.shape[1]
+    recompute = hidden_numel >= LIMITS.mlp_recompute_numel and torch.is_grad_enabled() \
+        and not torch.is_autocast_enabled() and _is_exact_gelu(act) and _is_pointwise_conv(fc2) \
+        and isinstance(dwconv, nn.Conv2d) and not isinstance(dwconv.padding, str) and dwconv.padding_mode == "zeros"
+
+    def row_local(t: torch.Tensor) -> torch.Tensor:
+        h = fc1(t)
+        if recompute:
+            return _MlpTail.apply(h, dwconv.weight, dwconv.bias, fc2.weight, fc2.bias, _conv_args(dwconv))
+        g = act(h)
+        return fc2(g + dwconv(g))
+
+    return row_chunked(row_local, x, (fc1, dwconv, fc2), hidden_channels)
