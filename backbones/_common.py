@@ -34,6 +34,13 @@ def internal_layout(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last if _fast_paths.enabled() else torch.contiguous_format)
 
 
+def shape_dependent_branches_traced() -> bool:
+    """True while torch.jit traces the model (the ONNX export): code that skips work for some input sizes
+    (padding to whole windows, masks) must then take the general branch, since the trace records only the
+    branch taken at the export size."""
+    return torch.jit.is_tracing()
+
+
 class DropPath(nn.Module):
     """Stochastic depth per sample (identical in effect to timm's DropPath, without the dependency)."""
 

@@ -86,8 +86,8 @@ class _MlpTail(torch.autograd.Function):
 
     Plain autograd keeps three hidden-width (4 x dim) tensors per block alive until backward (h, GELU(h),
     r); this keeps h and recomputes GELU and the depthwise conv in backward (no GEMM is recomputed).
-    Same values and gradients, about a third less activation memory for STViT-S at the cost of one GELU +
-    depthwise-conv forward per block (README, Performance)."""
+    Same values and gradients, less activation memory for one more GELU + depthwise-conv forward per block
+    (README, Performance)."""
 
     @staticmethod
     def forward(ctx, h, dw_weight, dw_bias, weight, bias, dw_args):

@@ -7,7 +7,9 @@ input always gives the same bytes (sorted keys, no timestamps, each tensor in it
 """
 from __future__ import annotations
 
+import copy
 import hashlib
+import io
 import json
 import math
 import os
@@ -16,11 +18,13 @@ from collections.abc import Mapping
 
 import torch
 
+from ._fast_paths import fast_paths
 from .atomic import atomic_write
 from .pretrained import SAFETENSORS_META_KEY, CheckpointError, read_checkpoint
 
-FORMATS = ("pth", "safetensors", "official")
-EXTENSIONS = {"pth": (".pth", ".pt"), "official": (".pth", ".pt"), "safetensors": (".safetensors",)}
+FORMATS = ("pth", "safetensors", "official", "onnx")
+EXTENSIONS = {"pth": (".pth", ".pt"), "official": (".pth", ".pt"), "safetensors": (".safetensors",),
+              "onnx": (".onnx",)}
 EXPORT_VERSION = 1
 # official keys with no counterpart in our backbones (the classification head): left out, for the user to fill
 OFFICIAL_HEAD_PATTERNS = {"stvit": (r"^proj\.", r"^norm\.", r"^head\."), "hatnet": (r"^classifier\.",)}
@@ -41,8 +45,11 @@ def resolve_format(out: str | os.PathLike, fmt: str | None = None) -> str:
             return "safetensors"
         if ext in EXTENSIONS["pth"]:
             return "pth"
+        if ext in EXTENSIONS["onnx"]:
+            return "onnx"
         raise ExportError(f"Cannot infer the export format from {out!r}: use a .pth / .pt file (formats 'pth' "
-                          "and 'official') or a .safetensors file (format 'safetensors').")
+                          "and 'official'), a .safetensors file (format 'safetensors') or a .onnx file (format "
+                          "'onnx').")
     if fmt not in FORMATS:
         raise ExportError(f"Unknown format {fmt!r}; choose one of {list(FORMATS)}.")
     if ext not in EXTENSIONS[fmt]:
@@ -137,7 +144,8 @@ def save_backbone(sd: Mapping[str, torch.Tensor], model: torch.nn.Module, out: s
             ``backbones.pretrained.state_dict_diff``); ``model.state_dict()`` for a backbone in memory.
         model: the STViT / HATNet they belong to: family, arch, out_indices and norm_out go into the meta.
         out: the file to write (atomically).
-        fmt: 'pth', 'safetensors' or 'official'; None: from the extension of ``out``.
+        fmt: 'pth', 'safetensors', 'official' or 'onnx' (``export_onnx``, the meta as the graph's metadata
+            "meta"); None: from the extension of ``out``.
         provenance: more meta entries (where the tensors come from: checkpoint, config, step, metrics...).
 
     The meta holds JSON types only, the same in every format.
@@ -157,7 +165,11 @@ def save_backbone(sd: Mapping[str, torch.Tensor], model: torch.nn.Module, out: s
         "num_params": int(sum(t.numel() for t in sd.values())),
         "sha256": tensor_sha256(sd),
     })
-    if fmt == "safetensors":
+    if fmt == "onnx":
+        with_weights = copy.deepcopy(model)
+        with_weights.load_state_dict(sd, strict=True)
+        export_onnx(with_weights, out, meta=meta)
+    elif fmt == "safetensors":
         save_safetensors(sd, meta, out)
     elif fmt == "official":
         save_torch({"model": sd, "meta": meta}, out)  # the released checkpoints' {'model': ...} layout
@@ -184,3 +196,49 @@ def verify_export(path: str | os.PathLike) -> dict:
         raise CheckpointError(f"{os.fspath(path)!r}: the tensors' sha256 does not match the one recorded in its "
                               "meta; the file was modified or damaged.")
     return meta
+
+
+# --- ONNX ------------------------------------------------------------------------------------------------
+def export_onnx(model: torch.nn.Module, path: str | os.PathLike, opset: int | None = None, *,
+                meta: Mapping | None = None, example_size: tuple[int, int] = (96, 128)) -> list[str]:
+    """Write a backbone as an ONNX graph; returns its output names.
+
+    The graph is the plain formulation (traced inside ``fast_paths(False)``, eval mode) with one input
+    ``image`` (batch, 3, height, width) and one output per selected stage, ``stage{i}`` for i in
+    ``model.out_indices`` (stride 4 * 2**i, the feature maps ``model(image)`` returns). Batch, height and
+    width are dynamic: STViT's padding to whole super tokens and HAT-Net's partial border windows are part of
+    the graph, so any size of at least 32x32 runs. Written atomically.
+
+    Args:
+        model: an STViT or HATNet with its weights; left in the train/eval mode it was in.
+        path: the .onnx file to write.
+        opset: the ONNX opset; None: torch's default.
+        meta: written as JSON into the graph's metadata under "meta" (e.g. ``save_backbone``'s meta).
+        example_size: the (height, width) of the example input that is traced; any size gives the same graph.
+    """
+    try:
+        import onnx
+    except ImportError as e:  # pragma: no cover - onnx is a pinned requirement
+        raise ExportError("ONNX export needs the onnx package: pip install onnx (see setup.cfg).") from e
+    import warnings
+
+    names = [f"stage{i}" for i in model.out_indices]
+    dynamic = {"image": {0: "batch", 2: "height", 3: "width"}}
+    dynamic.update({n: {0: "batch", 2: f"{n}_height", 3: f"{n}_width"} for n in names})
+    # batch 2: a traced batch of 1 could be taken for a constant
+    example = torch.randn(2, 3, *example_size, device=next(model.parameters()).device)
+    buffer, was_training = io.BytesIO(), model.training
+    try:
+        model.eval()
+        with fast_paths(False), torch.no_grad(), warnings.catch_warnings():
+            # the tracer warns about every shape read; the graph is checked at other sizes by the tests
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, (example,), buffer, dynamo=False, opset_version=opset, input_names=["image"],
+                              output_names=names, dynamic_axes=dynamic)
+    finally:
+        model.train(was_training)
+    graph = onnx.load_from_string(buffer.getvalue())
+    if meta is not None:
+        onnx.helper.set_model_props(graph, {"meta": json.dumps(plain_meta(dict(meta)), sort_keys=True)})
+    atomic_write(path, lambda f: f.write(graph.SerializeToString()))
+    return names

@@ -34,6 +34,7 @@ from ._common import (
     nchw,
     nhwc,
     resolve_arch,
+    shape_dependent_branches_traced,
 )
 from ._kernels import row_chunked
 from .attention_maps import attention_probs, recorder_for
@@ -108,15 +109,16 @@ class Attention(nn.Module):
         g, nh, hd = self.grid_size, self.num_heads, self.head_dim
         pad_b, pad_r = (-H) % g, (-W) % g
         qkv = nhwc(qkv)
-        if pad_b or pad_r:
+        general = bool(pad_b or pad_r) or shape_dependent_branches_traced()
+        if general:
             qkv = F.pad(qkv, (0, 0, 0, pad_r, 0, pad_b))
         gh, gw = (H + pad_b) // g, (W + pad_r) // g
         qkv = qkv.reshape(B, gh, g, gw, g, 3, nh, hd).permute(5, 0, 6, 1, 3, 2, 4, 7)
         q, k, v = qkv.reshape(3, B * nh, gh * gw, g * g, hd).unbind(0)
         mask = None
-        if pad_b or pad_r:  # keys in the padding must not receive attention
-            valid = torch.zeros(gh * g, gw * g, dtype=torch.bool, device=qkv.device)
-            valid[:H, :W] = True
+        if general:  # keys in the padding must not receive attention
+            valid = (torch.arange(gh * g, device=qkv.device) < H)[:, None] \
+                & (torch.arange(gw * g, device=qkv.device) < W)[None, :]
             mask = valid.reshape(gh, g, gw, g).permute(0, 2, 1, 3).reshape(1, gh * gw, 1, g * g)
         record = recorder_for(self)  # None unless a backbones.attention_maps.record_attention block watches
         if record is not None:

@@ -27,6 +27,7 @@ from ._common import (
     nchw,
     nhwc,
     resolve_arch,
+    shape_dependent_branches_traced,
 )
 from ._kernels import residual_dwconv_mlp
 from .attention_maps import recorder_for
@@ -178,7 +179,7 @@ class StokenAttention(nn.Module):
         h, w = self.stoken_size
         # Like the official code: zero-pad right/bottom to whole super tokens, crop at the end.
         pad_r, pad_b = (w - W0 % w) % w, (h - H0 % h) % h
-        if pad_r or pad_b:
+        if pad_r or pad_b or shape_dependent_branches_traced():
             x = F.pad(x, (0, pad_r, 0, pad_b))
         H, W = x.shape[-2:]
         hh, ww = H // h, W // w

@@ -156,9 +156,9 @@ def _autograd_nodes(y: torch.Tensor) -> set[str]:
 
 @pytest.mark.parametrize('family', ['stvit', 'hatnet'])
 def test_maps_are_the_same_on_the_fast_and_the_plain_paths(family, image):
-    """The speed paths (oneDNN attention, row chunks, MLP recomputation) change only the summation order of
-    a few GEMMs: the maps agree to float32 rounding, those of each first block (before any fast kernel)
-    bit for bit, and STViT's super-token assignment exactly."""
+    """The speed paths (channels_last layout, oneDNN attention, row chunks, MLP recomputation) change only the
+    summation order of some convolutions and GEMMs: the maps agree to float32 rounding, and STViT's super-token
+    assignment exactly."""
     model, x = _model(family), image.clone().requires_grad_()  # with grad: the recomputing MLP engages too
     forcing = dict(row_chunk_bytes=4096, mlp_recompute_numel=0, attention_min_keys=1)  # tiny input, every path
     with fast_paths(True, **forcing), record_attention(model) as fast:
@@ -172,11 +172,22 @@ def test_maps_are_the_same_on_the_fast_and_the_plain_paths(family, image):
         for name, value in rec.items():
             if isinstance(value, torch.Tensor):
                 torch.testing.assert_close(value, plain[key][name])
-                assert key != (0, 0) or torch.equal(value, plain[key][name])
             else:
                 assert value == plain[key][name]
         if family == 'stvit':
-            assert torch.equal(stoken_assignment(rec), stoken_assignment(plain[key]))
+            _assert_same_assignment(rec, plain[key])
+
+
+def _assert_same_assignment(fast: dict, plain: dict):
+    """The same super token for every pixel, but where two tokens tie within float32 rounding (e.g. the zero
+    padding, equally similar to all its neighbours)."""
+    a_fast, a_plain = stoken_assignment(fast), stoken_assignment(plain)
+    association = {}
+    for b, y, x in (a_fast != a_plain).nonzero().tolist():
+        for token in (int(a_fast[b, y, x]), int(a_plain[b, y, x])):
+            association.setdefault(token, stoken_association(plain, token))
+        tied = association[int(a_fast[b, y, x])][b, y, x] - association[int(a_plain[b, y, x])][b, y, x]
+        assert abs(float(tied)) < 1e-5, (b, y, x)
 
 
 # ---- tools/visualize_attention.py end to end ------------------------------------------------------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Export the backbone of a trained detector / segmentor, for sharing or for initialising another model.
 
-    python tools/export_backbone.py CHECKPOINT --out FILE [--format pth|safetensors|official] [--config CONFIG]
+    python tools/export_backbone.py CHECKPOINT --out FILE [--format pth|safetensors|official|onnx] [--config CONFIG]
 
 CHECKPOINT: a Lightning ``.ckpt`` from tools/train.py, or an mm-format checkpoint (``state_dict`` with
 ``backbone.*`` keys, e.g. from tools/export_model.py). The backbone's family and arch come from the config
@@ -12,8 +12,12 @@ Formats (default: from the extension of FILE):
   safetensors  .safetensors      the same tensors; meta as JSON under the metadata key "meta"
   official     .pth/.pt          {'model': ..., 'meta': ...} in the official classification model's layout
                                  (STViT: constant unfold/fold kernels added; head keys absent, to be filled)
+  onnx         .onnx             an ONNX graph of the backbone (plain path, eval mode): input "image"
+                                 (batch, 3, height, width), outputs "stage0".."stage3" (the selected stages'
+                                 feature maps, strides 4..32), batch / height / width dynamic; meta as JSON
+                                 in the graph's metadata "meta" (backbones.export.export_onnx)
 meta records family, arch, out_indices, the config, step, epoch, the last validation metrics and the
-tensors' sha256. Any of the three loads with ``backbones.load_pretrained`` or
+tensors' sha256. Any of the first three loads with ``backbones.load_pretrained`` or
 ``init_cfg=dict(type='Pretrained', checkpoint=FILE)``.
 """
 
@@ -33,7 +37,7 @@ from tasks.export import export_backbone  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('checkpoint', help='Lightning .ckpt or mm-format checkpoint')
-    parser.add_argument('--out', required=True, help='output file (.pth / .pt / .safetensors)')
+    parser.add_argument('--out', required=True, help='output file (.pth / .pt / .safetensors / .onnx)')
     parser.add_argument('--format', choices=FORMATS, help='default: inferred from the extension of --out')
     parser.add_argument('--config', help='training config (needed when the checkpoint does not store it)')
     return parser.parse_args(argv)
