@@ -50,8 +50,9 @@ def row_halo(conv: nn.Module) -> int | None:
     return p if s == 1 and 2 * p == d * (k - 1) else None
 
 
-def row_chunked(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, convs: Sequence[nn.Module],
-                hidden_channels: int) -> torch.Tensor:
+def row_chunked(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, convs: Sequence[nn.Module], hidden_channels: int
+) -> torch.Tensor:
     """``fn(x)``, computed over row chunks of x when fn's widest intermediate (``hidden_channels`` at x's
     resolution) is above 2 * LIMITS.row_chunk_bytes on CPU. ``convs`` are the convolutions fn applies one
     after another; everything else in fn must be pointwise. Computed whole when a conv is not row-local."""
@@ -64,10 +65,14 @@ def row_chunked(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, con
     halo, step = sum(halos), -(-n_rows // chunks)
     rows = [(start, min(start + step, n_rows)) for start in range(0, n_rows, step)]
     bounds = [(max(start - halo, 0), min(stop + halo, n_rows)) for start, stop in rows]
-    pieces = _OverlappingRows.apply(x, bounds) if torch.is_grad_enabled() and x.requires_grad \
+    pieces = (
+        _OverlappingRows.apply(x, bounds)
+        if torch.is_grad_enabled() and x.requires_grad
         else [x[:, :, lo:hi] for lo, hi in bounds]
-    return torch.cat([fn(piece)[:, :, start - lo:stop - lo]
-                      for piece, (start, stop), (lo, _) in zip(pieces, rows, bounds)], 2)
+    )
+    return torch.cat(
+        [fn(piece)[:, :, start - lo : stop - lo] for piece, (start, stop), (lo, _) in zip(pieces, rows, bounds)], 2
+    )
 
 
 # --- STViT's ConvFFN -------------------------------------------------------------------------------------
@@ -100,16 +105,27 @@ class _MlpTail(torch.autograd.Function):
     def backward(ctx, dy):
         h, dw_weight, dw_bias, weight = ctx.saved_tensors
         need_h, need_dww, need_dwb, need_w, need_b, _ = ctx.needs_input_grad
-        leaves = [t.detach().requires_grad_(n) if t is not None else None
-                  for t, n in ((h, need_h), (dw_weight, need_dww), (dw_bias, need_dwb))]
+        leaves = [
+            t.detach().requires_grad_(n) if t is not None else None
+            for t, n in ((h, need_h), (dw_weight, need_dww), (dw_bias, need_dwb))
+        ]
         with torch.enable_grad():
             r = _gelu_resdwc(*leaves, ctx.dw_args)
         wanted = [t for t in leaves if t is not None and t.requires_grad]
         # fc2's backward as the convolution's own backward kernel (the same one autograd would call)
         grad_r, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            dy.contiguous(memory_format=torch.channels_last), r.detach(), weight,
-            [weight.shape[0]] if ctx.has_bias else None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
-            [bool(wanted), need_w, need_b and ctx.has_bias])
+            dy.contiguous(memory_format=torch.channels_last),
+            r.detach(),
+            weight,
+            [weight.shape[0]] if ctx.has_bias else None,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            False,
+            [0, 0],
+            1,
+            [bool(wanted), need_w, need_b and ctx.has_bias],
+        )
         grads = iter(torch.autograd.grad(r, wanted, grad_r) if wanted else ())
         leaf_grads = [next(grads) if t is not None and t.requires_grad else None for t in leaves]
         return (*leaf_grads, grad_w, grad_b, None)
@@ -121,21 +137,35 @@ def _is_exact_gelu(act: nn.Module) -> bool:
 
 def _is_pointwise_conv(conv: nn.Module) -> bool:
     """A 1x1 nn.Conv2d with stride 1, no padding, dilation 1 and groups 1: what _MlpTail's backward assumes."""
-    return isinstance(conv, nn.Conv2d) and conv.kernel_size == (1, 1) and conv.stride == (1, 1) \
-        and conv.padding == (0, 0) and conv.dilation == (1, 1) and conv.groups == 1
+    return (
+        isinstance(conv, nn.Conv2d)
+        and conv.kernel_size == (1, 1)
+        and conv.stride == (1, 1)
+        and conv.padding == (0, 0)
+        and conv.dilation == (1, 1)
+        and conv.groups == 1
+    )
 
 
-def residual_dwconv_mlp(x: torch.Tensor, fc1: nn.Module, act: nn.Module, dwconv: nn.Conv2d,
-                        fc2: nn.Module) -> torch.Tensor:
+def residual_dwconv_mlp(
+    x: torch.Tensor, fc1: nn.Module, act: nn.Module, dwconv: nn.Conv2d, fc2: nn.Module
+) -> torch.Tensor:
     """``fc2(g + dwconv(g))`` with ``g = act(fc1(x))`` (STViT's ConvFFN), in row chunks on large CPU maps
     and, for hidden activations of at least LIMITS.mlp_recompute_numel elements in training (fp32, no
     autocast), with the GELU and the depthwise conv recomputed in backward (``_MlpTail``). The recomputation
     applies only to the exact GELU and 1x1 fc2 it was written for; other modules take the plain composition."""
     hidden_channels = dwconv.in_channels
     hidden_numel = hidden_channels * x.numel() // x.shape[1]
-    recompute = hidden_numel >= LIMITS.mlp_recompute_numel and torch.is_grad_enabled() \
-        and not torch.is_autocast_enabled() and _is_exact_gelu(act) and _is_pointwise_conv(fc2) \
-        and isinstance(dwconv, nn.Conv2d) and not isinstance(dwconv.padding, str) and dwconv.padding_mode == "zeros"
+    recompute = (
+        hidden_numel >= LIMITS.mlp_recompute_numel
+        and torch.is_grad_enabled()
+        and not torch.is_autocast_enabled()
+        and _is_exact_gelu(act)
+        and _is_pointwise_conv(fc2)
+        and isinstance(dwconv, nn.Conv2d)
+        and not isinstance(dwconv.padding, str)
+        and dwconv.padding_mode == "zeros"
+    )
 
     def row_local(t: torch.Tensor) -> torch.Tensor:
         h = fc1(t)

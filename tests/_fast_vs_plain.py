@@ -1,5 +1,6 @@
 """Run a backbone on its fast paths and, on a copy with the same weights, on its plain formulation
 (``backbones.fast_paths(False)``), for tests that compare the two."""
+
 from __future__ import annotations
 
 import copy

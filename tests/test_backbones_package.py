@@ -31,8 +31,10 @@ def _imported(path: Path) -> list[tuple[str, int]]:
             if base != package:
                 out.append((base, node.lineno))
             else:  # ``from . import x`` / ``from backbones import x``: a submodule, or a name of __init__
-                out += [(f"{base}.{alias.name}" if alias.name in _module_names() else base, node.lineno)
-                        for alias in node.names]
+                out += [
+                    (f"{base}.{alias.name}" if alias.name in _module_names() else base, node.lineno)
+                    for alias in node.names
+                ]
     return out
 
 
@@ -60,7 +62,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         stack.pop()
