@@ -160,7 +160,8 @@ def _network_dtype(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 class StokenAttention(nn.Module):
     """Super token attention: sparse pixel-to-super-token association, self-attention among super
-    tokens, and upsampling back to pixels (paper Eq. 1-6; official ``StokenAttention``)."""
+    tokens, and upsampling back to pixels: the paper's three steps, super token sampling (STS), super token
+    attention (STA) and token upsampling (TU) (official ``StokenAttention``)."""
 
     def __init__(self, dim: int, stoken_size: Sequence[int], n_iter: int, num_heads: int, qkv_bias: bool):
         super().__init__()
@@ -188,15 +189,15 @@ class StokenAttention(nn.Module):
             # pixels: (B, super tokens, pixels of its grid cell, C); everything below is NHWC
             pixels = nhwc(x.float()).reshape(B, hh, h, ww, w, C).transpose(2, 3).reshape(B, hh * ww, h * w, C)
             affinity, affinity_sum = self.associate(pixels, hh, ww)
-            # Eq. (2), the last iteration with gradient: super tokens S = column-normalised Q^T X, each the
-            # affinity-weighted mean of the pixels of its 3x3 neighbourhood of grid cells
+            # STS, super-token update, the last iteration with gradient: S = column-normalised Q^T X, each super
+            # token the affinity-weighted mean of the pixels of its 3x3 neighbourhood of grid cells
             stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
         record = recorder_for(self)  # None unless a backbones.attention_maps.record_attention block watches
         if record is not None:
             record(kind="stoken", affinity=affinity, grid=(hh, ww), stoken_size=(h, w), size=(H0, W0))
-        # Eq. (3): multi-head self-attention among the super tokens
+        # STA: multi-head self-attention among the super tokens
         stokens = self.stoken_refine(internal_layout(nchw(_network_dtype(stokens, x))))
-        # Eq. (4): token upsampling X = Q S, each pixel a mix of the 9 super tokens around its cell
+        # TU: token upsampling X = Q S, each pixel a mix of the 9 super tokens around its cell
         pixels = _network_dtype(affinity, x) @ _unfold3x3(nhwc(stokens))  # (B, hh*ww, h*w, C)
         pixels = nchw(pixels.reshape(B, hh, ww, h, w, C).transpose(2, 3).reshape(B, H, W, C))
         return internal_layout(pixels[:, :, :H0, :W0])
@@ -209,10 +210,10 @@ class StokenAttention(nn.Module):
         with torch.no_grad():
             stokens = pixels.mean(2).reshape(B, hh, ww, C)  # initial super tokens: the mean of each grid cell
             for idx in range(self.n_iter):
-                # Eq. (1): association Q^t = softmax(X S^(t-1)^T / sqrt(d)) over the 9 neighbouring super tokens
+                # STS, association: Q^t = softmax(X S^(t-1)^T / sqrt(d)) over the 9 neighbouring super tokens
                 affinity = (pixels @ _unfold3x3(stokens).transpose(-1, -2) * self.scale).softmax(-1)
                 affinity_sum = _fold3x3(affinity.sum(2).unsqueeze(-1), hh, ww)
-                if idx < self.n_iter - 1:  # Eq. (2): super-token update S^t = column-normalised Q^t^T X
+                if idx < self.n_iter - 1:  # STS, super-token update: S^t = column-normalised Q^t^T X
                     stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
         return affinity, affinity_sum
 
