@@ -3,6 +3,7 @@
 ``import backbones`` also registers ``type='STViT'`` / ``type='HATNet'`` in the mm model registries when
 mmengine is installed, so mmdet and mmseg configs can build them.
 """
+
 import importlib.util
 
 from ._fast_paths import enabled as fast_paths_enabled
@@ -11,8 +12,16 @@ from .hatnet import HATNet
 from .pretrained import CheckpointError, LoadReport, load_pretrained
 from .stvit import STViT
 
-__all__ = ["STViT", "HATNet", "load_pretrained", "LoadReport", "CheckpointError", "set_fast_paths", "fast_paths",
-           "fast_paths_enabled"]
+__all__ = [
+    "STViT",
+    "HATNet",
+    "load_pretrained",
+    "LoadReport",
+    "CheckpointError",
+    "set_fast_paths",
+    "fast_paths",
+    "fast_paths_enabled",
+]
 
 if importlib.util.find_spec("mmengine") is not None:  # registry adapters: optional, the pure backbones need no mm
     from . import mm  # noqa: F401

@@ -10,6 +10,7 @@ STViT's stage 3 at 800x1344, 350 MiB per block) take a chunked variant that keep
 recomputes each query chunk's probabilities in backward, as flash attention does. CUDA, reduced precision,
 masked attention and torch.compile graphs use SDPA.
 """
+
 from __future__ import annotations
 
 import torch
@@ -131,8 +132,9 @@ def _onednn_kernel(q: torch.Tensor, k: torch.Tensor):
     return _OneDnnAttention if query_rows * n_k * 4 <= LIMITS.attention_max_probs_bytes else _OneDnnChunkedAttention
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-              mask: torch.Tensor | None = None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """softmax(q @ k^T * scale) @ v over (..., N, head_dim) tensors; ``mask`` (boolean, broadcast to
     (..., N_q, N_k)) marks the keys each query may attend to."""
     if _fast_paths.enabled():

@@ -1,4 +1,5 @@
 """Pieces shared by the STViT and HAT-Net feature extractors: input checks, stage freezing, outputs."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -64,7 +65,7 @@ def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> list[list[f
     rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
     out, start = [], 0
     for d in depths:
-        out.append(rates[start:start + d])
+        out.append(rates[start : start + d])
         start += d
     return out
 
@@ -72,22 +73,30 @@ def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> list[list[f
 def check_input(x: torch.Tensor, model_name: str) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{model_name} expects a 4-D image batch (B, 3, H, W); got {shape}. "
-                         "Add a batch dimension with x.unsqueeze(0) for a single image.")
+        raise ValueError(
+            f"{model_name} expects a 4-D image batch (B, 3, H, W); got {shape}. "
+            "Add a batch dimension with x.unsqueeze(0) for a single image."
+        )
     if x.shape[1] != 3:
-        raise ValueError(f"{model_name} expects 3 input channels (RGB); got {x.shape[1]} in shape "
-                         f"{tuple(x.shape)}. Convert grayscale/RGBA images to RGB first.")
+        raise ValueError(
+            f"{model_name} expects 3 input channels (RGB); got {x.shape[1]} in shape "
+            f"{tuple(x.shape)}. Convert grayscale/RGBA images to RGB first."
+        )
     if x.shape[2] < MIN_INPUT_SIZE or x.shape[3] < MIN_INPUT_SIZE:
-        raise ValueError(f"{model_name} needs inputs of at least {MIN_INPUT_SIZE}x{MIN_INPUT_SIZE} pixels "
-                         f"(stride 32 output); got {x.shape[2]}x{x.shape[3]}. Resize or pad the image.")
+        raise ValueError(
+            f"{model_name} needs inputs of at least {MIN_INPUT_SIZE}x{MIN_INPUT_SIZE} pixels "
+            f"(stride 32 output); got {x.shape[2]}x{x.shape[3]}. Resize or pad the image."
+        )
 
 
 def check_out_indices(out_indices: Sequence[int]) -> tuple[int, ...]:
     out_indices = tuple(int(i) for i in out_indices)
-    if not out_indices or any(i not in range(NUM_STAGES) for i in out_indices) \
-            or len(set(out_indices)) != len(out_indices):
-        raise ValueError(f"out_indices must be distinct stage indices in 0..{NUM_STAGES - 1}; "
-                         f"got {out_indices}")
+    if (
+        not out_indices
+        or any(i not in range(NUM_STAGES) for i in out_indices)
+        or len(set(out_indices)) != len(out_indices)
+    ):
+        raise ValueError(f"out_indices must be distinct stage indices in 0..{NUM_STAGES - 1}; got {out_indices}")
     return tuple(sorted(out_indices))
 
 
@@ -95,8 +104,9 @@ def check_arch_lengths(arch: dict, keys: Sequence[str], family: str) -> None:
     for key in keys:
         value = arch[key]
         if not isinstance(value, (list, tuple)) or len(value) != NUM_STAGES:
-            raise ValueError(f"{family} arch '{key}' must list one value per stage ({NUM_STAGES} values); "
-                             f"got {value!r}")
+            raise ValueError(
+                f"{family} arch '{key}' must list one value per stage ({NUM_STAGES} values); got {value!r}"
+            )
 
 
 class StagedBackbone(nn.Module):
@@ -123,8 +133,10 @@ class StagedBackbone(nn.Module):
         """``feature_info`` (timm style): per stage its channels, its stride and the name of the module whose
         output it is (``self.get_submodule(info['module'])``, e.g. to register a forward hook)."""
         self.stage_channels = list(stage_channels)
-        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=name)
-                             for i, (c, name) in enumerate(zip(self.stage_channels, output_modules))]
+        self.feature_info = [
+            dict(num_chs=c, reduction=4 * 2**i, module=name)
+            for i, (c, name) in enumerate(zip(self.stage_channels, output_modules))
+        ]
 
     @property
     def out_channels(self) -> list[int]:
@@ -132,12 +144,14 @@ class StagedBackbone(nn.Module):
 
     @property
     def out_strides(self) -> list[int]:
-        return [4 * 2 ** i for i in self.out_indices]
+        return [4 * 2**i for i in self.out_indices]
 
     def output_shapes(self, height: int, width: int) -> list[tuple[int, int, int]]:
         """(C, H, W) of each selected output for an input of height x width (detectron2 style)."""
-        return [(self.stage_channels[i], -(-height // s), -(-width // s))
-                for i, s in zip(self.out_indices, self.out_strides)]
+        return [
+            (self.stage_channels[i], -(-height // s), -(-width // s))
+            for i, s in zip(self.out_indices, self.out_strides)
+        ]
 
     # --- freezing -------------------------------------------------------------------------------------
     def stem_modules(self) -> list[nn.Module]:
@@ -184,16 +198,20 @@ def resolve_arch(arch, presets: dict, family: str, required: Sequence[str], defa
     if isinstance(arch, str):
         key = arch.lower()
         if key not in presets:
-            raise ValueError(f"Unknown {family} arch '{arch}'. Valid names: {sorted(presets)}; "
-                             f"or pass a dict with keys {list(required)}.")
+            raise ValueError(
+                f"Unknown {family} arch '{arch}'. Valid names: {sorted(presets)}; "
+                f"or pass a dict with keys {list(required)}."
+            )
         arch = presets[key]
     elif not isinstance(arch, dict):
         raise TypeError(f"{family} arch must be a preset name or a dict; got {type(arch).__name__}")
     missing = [k for k in required if k not in arch]
     unknown = [k for k in arch if k not in required and k not in defaults]
     if missing or unknown:
-        raise ValueError(f"{family} arch dict: missing keys {missing}, unknown keys {unknown}; "
-                         f"required {list(required)}, optional {list(defaults)}.")
+        raise ValueError(
+            f"{family} arch dict: missing keys {missing}, unknown keys {unknown}; "
+            f"required {list(required)}, optional {list(defaults)}."
+        )
     full = dict(defaults)
     full.update({k: (list(v) if isinstance(v, tuple) else v) for k, v in arch.items()})
     return full

@@ -5,6 +5,7 @@ POSIX), and the directory is fsynced so the rename itself is durable. A reader t
 file or the new one, never a truncated one. A writer killed by SIGKILL cannot delete its temp file: the
 next write of the same target removes the temp files of writers (same host) that are no longer alive.
 """
+
 from __future__ import annotations
 
 import glob
@@ -30,7 +31,7 @@ def _pid_alive(pid: int) -> bool:
 def _remove_stale_temps(directory: str, name: str) -> None:
     """Temp files ``.NAME.HOST.PID.*.tmp`` left by killed writers on this host."""
     for tmp in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.{_HOST}.*.tmp")):
-        pid = os.path.basename(tmp)[len(name) + len(_HOST) + 3:].split(".", 1)[0]
+        pid = os.path.basename(tmp)[len(name) + len(_HOST) + 3 :].split(".", 1)[0]
         if pid.isdigit() and not _pid_alive(int(pid)):
             try:
                 os.remove(tmp)

@@ -26,6 +26,7 @@ Inside one, the watched modules store (detached) what they computed:
 Recording works in any mode (eval or training, with or without grad); a block run twice (activation
 checkpointing recomputes it in backward) keeps its last record.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -49,7 +50,9 @@ def recorder_for(module: nn.Module):
 
     def save(**values):
         records.setdefault(key, {}).update(
-            {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in values.items()})
+            {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+        )
+
     return save
 
 
@@ -86,8 +89,10 @@ def record_attention(model: nn.Module, blocks: Iterable[tuple[int, int]] | None 
     keys = list(modules) if blocks is None else [tuple(b) for b in blocks]
     unknown = [k for k in keys if k not in modules]
     if unknown:
-        raise KeyError(f"record_attention: no attention block {unknown} in this {type(model).__name__}; "
-                       f"its (stage, block) keys are {sorted(modules)}")
+        raise KeyError(
+            f"record_attention: no attention block {unknown} in this {type(model).__name__}; "
+            f"its (stage, block) keys are {sorted(modules)}"
+        )
     records: dict[tuple[int, int], dict] = {}
     _active.append({id(modules[k]): (k, records) for k in keys})
     try:
@@ -131,8 +136,10 @@ def stoken_association(record: dict, stoken: int) -> torch.Tensor:
     zero for pixels whose cell is not one of the token's 9 neighbours (a ``'stoken'`` record)."""
     hh, ww = record["grid"]
     if not 0 <= stoken < hh * ww:
-        raise IndexError(f"super token {stoken} does not exist: the grid has {hh}x{ww} = {hh * ww} super tokens "
-                         f"(indices 0..{hh * ww - 1}, row-major)")
+        raise IndexError(
+            f"super token {stoken} does not exist: the grid has {hh}x{ww} = {hh * ww} super tokens "
+            f"(indices 0..{hh * ww - 1}, row-major)"
+        )
     affinity = record["affinity"]
     token, valid = _neighbours(record, affinity.device)
     hit = ((token == stoken) & valid).to(affinity.dtype)  # (hh*ww, 9): which neighbour slot is this token
@@ -149,7 +156,7 @@ def window_attention_map(record: dict, y: int, x: int) -> torch.Tensor:
     row = probs[:, :, (y // g) * gw + x // g, (y % g) * g + x % g]  # (B, heads, g*g)
     full = probs.new_zeros(probs.shape[0], probs.shape[1], gh * g, gw * g)
     top, left = (y // g) * g, (x // g) * g
-    full[:, :, top:top + g, left:left + g] = row.reshape(*row.shape[:2], g, g)
+    full[:, :, top : top + g, left : left + g] = row.reshape(*row.shape[:2], g, g)
     return full[:, :, :H, :W]
 
 

@@ -5,6 +5,7 @@ to find the tensors is ``tasks/export.py``'s job (``tools/export_backbone.py`` i
 Every file is written to a temp file in the target's directory, fsynced and ``os.replace``-d, and the same
 input always gives the same bytes (sorted keys, no timestamps, each tensor in its own storage).
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,8 +24,7 @@ from .atomic import atomic_write
 from .pretrained import SAFETENSORS_META_KEY, CheckpointError, read_checkpoint
 
 FORMATS = ("pth", "safetensors", "official", "onnx")
-EXTENSIONS = {"pth": (".pth", ".pt"), "official": (".pth", ".pt"), "safetensors": (".safetensors",),
-              "onnx": (".onnx",)}
+EXTENSIONS = {"pth": (".pth", ".pt"), "official": (".pth", ".pt"), "safetensors": (".safetensors",), "onnx": (".onnx",)}
 EXPORT_VERSION = 1
 # official keys with no counterpart in our backbones (the classification head): left out, for the user to fill
 OFFICIAL_HEAD_PATTERNS = {"stvit": (r"^proj\.", r"^norm\.", r"^head\."), "hatnet": (r"^classifier\.",)}
@@ -47,14 +47,18 @@ def resolve_format(out: str | os.PathLike, fmt: str | None = None) -> str:
             return "pth"
         if ext in EXTENSIONS["onnx"]:
             return "onnx"
-        raise ExportError(f"Cannot infer the export format from {out!r}: use a .pth / .pt file (formats 'pth' "
-                          "and 'official'), a .safetensors file (format 'safetensors') or a .onnx file (format "
-                          "'onnx').")
+        raise ExportError(
+            f"Cannot infer the export format from {out!r}: use a .pth / .pt file (formats 'pth' "
+            "and 'official'), a .safetensors file (format 'safetensors') or a .onnx file (format "
+            "'onnx')."
+        )
     if fmt not in FORMATS:
         raise ExportError(f"Unknown format {fmt!r}; choose one of {list(FORMATS)}.")
     if ext not in EXTENSIONS[fmt]:
-        raise ExportError(f"Format {fmt!r} does not match the extension of {out!r}: a {fmt} export must be "
-                          f"named {' or '.join(EXTENSIONS[fmt])}.")
+        raise ExportError(
+            f"Format {fmt!r} does not match the extension of {out!r}: a {fmt} export must be "
+            f"named {' or '.join(EXTENSIONS[fmt])}."
+        )
     return fmt
 
 
@@ -82,9 +86,11 @@ def official_state_dict(sd: Mapping[str, torch.Tensor], family: str) -> dict[str
     """
     extra = sorted(k for k in sd if k.startswith("out_norms."))
     if extra:
-        raise ExportError(f"The backbone has output norms (norm_out=True: {extra[:2]}...) that the official "
-                          f"{family} model does not have, so an 'official' export would lose them. Export with "
-                          "--format pth or safetensors instead.")
+        raise ExportError(
+            f"The backbone has output norms (norm_out=True: {extra[:2]}...) that the official "
+            f"{family} model does not have, so an 'official' export would lose them. Export with "
+            "--format pth or safetensors instead."
+        )
     out = dict(sd)
     if family == "stvit":
         blocks = sorted({m.group(0) for k in sd if (m := re.match(r"layers\.\d+\.blocks\.\d+\.attn\.", k))})
@@ -129,14 +135,20 @@ def save_torch(obj: dict, path: str | os.PathLike) -> None:
 
 def save_safetensors(sd: Mapping[str, torch.Tensor], meta: dict, path: str | os.PathLike) -> None:
     from safetensors.torch import save
+
     # One metadata entry only: the header's metadata map has no defined order across processes.
     data = save(dict(sd), metadata={SAFETENSORS_META_KEY: json.dumps(meta, sort_keys=True)})
     atomic_write(path, lambda f: f.write(data))
 
 
 # --- a backbone's export ----------------------------------------------------------------------------
-def save_backbone(sd: Mapping[str, torch.Tensor], model: torch.nn.Module, out: str | os.PathLike,
-                  fmt: str | None = None, provenance: Mapping | None = None) -> dict:
+def save_backbone(
+    sd: Mapping[str, torch.Tensor],
+    model: torch.nn.Module,
+    out: str | os.PathLike,
+    fmt: str | None = None,
+    provenance: Mapping | None = None,
+) -> dict:
     """Write a backbone's tensors to ``out`` in ``fmt`` with their meta; returns the meta that was recorded.
 
     Args:
@@ -153,18 +165,20 @@ def save_backbone(sd: Mapping[str, torch.Tensor], model: torch.nn.Module, out: s
     out = os.fspath(out)
     fmt = resolve_format(out, fmt)
     sd = official_state_dict(sd, model.family) if fmt == "official" else canonical_state_dict(sd)
-    meta = plain_meta({
-        **(provenance or {}),
-        "export_version": EXPORT_VERSION,
-        "format": fmt,
-        "family": model.family,
-        "arch": model.arch,
-        "out_indices": list(model.out_indices),
-        "norm_out": bool(getattr(model, "norm_out", False)),
-        "num_tensors": len(sd),
-        "num_params": int(sum(t.numel() for t in sd.values())),
-        "sha256": tensor_sha256(sd),
-    })
+    meta = plain_meta(
+        {
+            **(provenance or {}),
+            "export_version": EXPORT_VERSION,
+            "format": fmt,
+            "family": model.family,
+            "arch": model.arch,
+            "out_indices": list(model.out_indices),
+            "norm_out": bool(getattr(model, "norm_out", False)),
+            "num_tensors": len(sd),
+            "num_params": int(sum(t.numel() for t in sd.values())),
+            "sha256": tensor_sha256(sd),
+        }
+    )
     if fmt == "onnx":
         with_weights = copy.deepcopy(model)
         with_weights.load_state_dict(sd, strict=True)
@@ -193,14 +207,22 @@ def verify_export(path: str | os.PathLike) -> dict:
     """Recompute the tensors' sha256 and compare with the recorded one; returns the meta."""
     sd, meta = read_export(path)
     if meta.get("sha256") != tensor_sha256(sd):
-        raise CheckpointError(f"{os.fspath(path)!r}: the tensors' sha256 does not match the one recorded in its "
-                              "meta; the file was modified or damaged.")
+        raise CheckpointError(
+            f"{os.fspath(path)!r}: the tensors' sha256 does not match the one recorded in its "
+            "meta; the file was modified or damaged."
+        )
     return meta
 
 
 # --- ONNX ------------------------------------------------------------------------------------------------
-def export_onnx(model: torch.nn.Module, path: str | os.PathLike, opset: int | None = None, *,
-                meta: Mapping | None = None, example_size: tuple[int, int] = (96, 128)) -> list[str]:
+def export_onnx(
+    model: torch.nn.Module,
+    path: str | os.PathLike,
+    opset: int | None = None,
+    *,
+    meta: Mapping | None = None,
+    example_size: tuple[int, int] = (96, 128),
+) -> list[str]:
     """Write a backbone as an ONNX graph; returns its output names.
 
     The graph is the plain formulation (traced inside ``fast_paths(False)``, eval mode) with one input
@@ -233,8 +255,16 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, opset: int | No
         with fast_paths(False), torch.no_grad(), warnings.catch_warnings():
             # the tracer warns about every shape read; the graph is checked at other sizes by the tests
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, (example,), buffer, dynamo=False, opset_version=opset, input_names=["image"],
-                              output_names=names, dynamic_axes=dynamic)
+            torch.onnx.export(
+                model,
+                (example,),
+                buffer,
+                dynamo=False,
+                opset_version=opset,
+                input_names=["image"],
+                output_names=names,
+                dynamic_axes=dynamic,
+            )
     finally:
         model.train(was_training)
     graph = onnx.load_from_string(buffer.getvalue())

@@ -11,6 +11,7 @@ of the window attention), and the pooled keys/values of the global attention ave
 cell over its valid pixels (``ceil_mode``). So every valid output position depends on valid positions
 only; the only effect of padding is that border windows hold fewer pixels than ``grid_size**2``.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,14 +44,38 @@ from .pretrained import load_pretrained
 _GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
 # The released variants (official ``HAT_Net_tiny/small/medium/large``).
 ARCHS = {
-    "tiny": dict(dims=[48, 96, 240, 384], head_dim=48, expansions=[8, 8, 4, 4], depths=[2, 2, 6, 3],
-                 kernel_sizes=[3, 3, 3, 3], **_GRIDS),
-    "small": dict(dims=[64, 128, 320, 512], head_dim=64, expansions=[8, 8, 4, 4], depths=[2, 3, 8, 3],
-                  kernel_sizes=[3, 3, 3, 3], **_GRIDS),
-    "medium": dict(dims=[64, 128, 320, 512], head_dim=64, expansions=[8, 8, 4, 4], depths=[3, 6, 18, 3],
-                   kernel_sizes=[5, 3, 5, 3], **_GRIDS),
-    "large": dict(dims=[64, 128, 320, 640], head_dim=64, expansions=[8, 8, 4, 4], depths=[3, 8, 27, 3],
-                  kernel_sizes=[3, 3, 3, 3], **_GRIDS),
+    "tiny": dict(
+        dims=[48, 96, 240, 384],
+        head_dim=48,
+        expansions=[8, 8, 4, 4],
+        depths=[2, 2, 6, 3],
+        kernel_sizes=[3, 3, 3, 3],
+        **_GRIDS,
+    ),
+    "small": dict(
+        dims=[64, 128, 320, 512],
+        head_dim=64,
+        expansions=[8, 8, 4, 4],
+        depths=[2, 3, 8, 3],
+        kernel_sizes=[3, 3, 3, 3],
+        **_GRIDS,
+    ),
+    "medium": dict(
+        dims=[64, 128, 320, 512],
+        head_dim=64,
+        expansions=[8, 8, 4, 4],
+        depths=[3, 6, 18, 3],
+        kernel_sizes=[5, 3, 5, 3],
+        **_GRIDS,
+    ),
+    "large": dict(
+        dims=[64, 128, 320, 640],
+        head_dim=64,
+        expansions=[8, 8, 4, 4],
+        depths=[3, 8, 27, 3],
+        kernel_sizes=[3, 3, 3, 3],
+        **_GRIDS,
+    ),
 }
 _REQUIRED = ("dims", "head_dim", "expansions", "grid_sizes", "ds_ratios", "depths", "kernel_sizes")
 
@@ -65,8 +90,9 @@ class InvertedResidual(nn.Module):
     def __init__(self, dim: int, hidden: int, kernel_size: int):
         super().__init__()
         self.conv1 = nn.Sequential(_gn(dim), nn.Conv2d(dim, hidden, 1, bias=False), nn.SiLU())
-        self.conv2 = nn.Sequential(nn.Conv2d(hidden, hidden, kernel_size, padding=(kernel_size - 1) // 2,
-                                             groups=hidden, bias=False), nn.SiLU())
+        self.conv2 = nn.Sequential(
+            nn.Conv2d(hidden, hidden, kernel_size, padding=(kernel_size - 1) // 2, groups=hidden, bias=False), nn.SiLU()
+        )
         self.conv3 = nn.Sequential(nn.Conv2d(hidden, dim, 1, bias=False), _gn(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +113,7 @@ class Attention(nn.Module):
     def __init__(self, dim: int, head_dim: int, grid_size: int, ds_ratio: int):
         super().__init__()
         self.num_heads, self.head_dim = dim // head_dim, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
         self.grid_size, self.ds_ratio = grid_size, ds_ratio
         self.norm = _gn(dim)
         self.qkv = nn.Conv2d(dim, dim * 3, 1)
@@ -117,14 +143,20 @@ class Attention(nn.Module):
         q, k, v = qkv.reshape(3, B * nh, gh * gw, g * g, hd).unbind(0)
         mask = None
         if general:  # keys in the padding must not receive attention
-            valid = (torch.arange(gh * g, device=qkv.device) < H)[:, None] \
-                & (torch.arange(gw * g, device=qkv.device) < W)[None, :]
+            valid = (torch.arange(gh * g, device=qkv.device) < H)[:, None] & (
+                torch.arange(gw * g, device=qkv.device) < W
+            )[None, :]
             mask = valid.reshape(gh, g, gw, g).permute(0, 2, 1, 3).reshape(1, gh * gw, 1, g * g)
         record = recorder_for(self)  # None unless a backbones.attention_maps.record_attention block watches
         if record is not None:
             probs = attention_probs(q, k, self.scale, mask)  # (B * heads, windows, g * g, g * g)
-            record(kind="hat", window_probs=probs.reshape(B, nh, gh * gw, g * g, g * g), windows=(gh, gw),
-                   grid_size=g, size=(H, W))
+            record(
+                kind="hat",
+                window_probs=probs.reshape(B, nh, gh * gw, g * g, g * g),
+                windows=(gh, gw),
+                grid_size=g,
+                size=(H, W),
+            )
         out = attention(q, k, v, self.scale, mask)
         out = out.reshape(B, nh, gh, gw, g, g, hd).permute(0, 2, 4, 3, 5, 1, 6)
         return internal_layout(nchw(out.reshape(B, gh * g, gw * g, nh * hd)[:, :H, :W]))
@@ -145,9 +177,13 @@ class Attention(nn.Module):
             q, k, v = nhwc(qkv).reshape(B, H * W, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
         record = recorder_for(self)
         if record is not None:
-            record(kind="hat", global_probs=attention_probs(q, k, self.scale).reshape(B, nh, H * W, -1), size=(H, W),
-                   pooled=tuple(pooled.shape[-2:]) if self.grid_size > 1 else (H, W),
-                   ds_ratio=self.ds_ratio if self.grid_size > 1 else 1)
+            record(
+                kind="hat",
+                global_probs=attention_probs(q, k, self.scale).reshape(B, nh, H * W, -1),
+                size=(H, W),
+                pooled=tuple(pooled.shape[-2:]) if self.grid_size > 1 else (H, W),
+                ds_ratio=self.ds_ratio if self.grid_size > 1 else 1,
+            )
         out = internal_layout(nchw(attention(q, k, v, self.scale).transpose(1, 2).reshape(B, H, W, C)))
         if self.grid_size > 1:
             out = out + grid_x
@@ -195,13 +231,20 @@ class HATNet(StagedBackbone):
     archs = ARCHS
     skipped_key_patterns = SKIPPED_KEY_PATTERNS
 
-    def __init__(self, arch: str | dict = "small", out_indices: Sequence[int] = (0, 1, 2, 3),
-                 drop_path_rate: float = 0.0, with_cp: bool = False, frozen_stages: int = -1, norm_eval: bool = False,
-                 pretrained: str | os.PathLike | Mapping | None = None, norm_out: bool = False):
+    def __init__(
+        self,
+        arch: str | dict = "small",
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+        drop_path_rate: float = 0.0,
+        with_cp: bool = False,
+        frozen_stages: int = -1,
+        norm_eval: bool = False,
+        pretrained: str | os.PathLike | Mapping | None = None,
+        norm_out: bool = False,
+    ):
         super().__init__()
         arch = resolve_arch(arch, ARCHS, "HAT-Net", _REQUIRED, {})
-        check_arch_lengths(arch, ("dims", "expansions", "grid_sizes", "ds_ratios", "depths", "kernel_sizes"),
-                           "HAT-Net")
+        check_arch_lengths(arch, ("dims", "expansions", "grid_sizes", "ds_ratios", "depths", "kernel_sizes"), "HAT-Net")
         bad = [d for d in arch["dims"] if d % arch["head_dim"]]
         if bad:
             raise ValueError(f"HAT-Net arch: dims {bad} are not divisible by head_dim {arch['head_dim']}")
@@ -210,25 +253,51 @@ class HATNet(StagedBackbone):
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
         dims = arch["dims"]
 
-        self.patch_embed = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, stride=2), _gn(16), nn.SiLU(),
-                                         nn.Conv2d(16, dims[0], 3, padding=1, stride=2))
+        self.patch_embed = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1, stride=2), _gn(16), nn.SiLU(), nn.Conv2d(16, dims[0], 3, padding=1, stride=2)
+        )
         dpr = drop_path_rates(drop_path_rate, arch["depths"])
-        self.blocks = nn.ModuleList([nn.ModuleList([
-            Block(dims[i], arch["head_dim"], arch["grid_sizes"][i], arch["ds_ratios"][i], arch["expansions"][i],
-                  dpr[i][j], arch["kernel_sizes"][i]) for j in range(arch["depths"][i])])
-            for i in range(NUM_STAGES)])
+        self.blocks = nn.ModuleList(
+            [
+                nn.ModuleList(
+                    [
+                        Block(
+                            dims[i],
+                            arch["head_dim"],
+                            arch["grid_sizes"][i],
+                            arch["ds_ratios"][i],
+                            arch["expansions"][i],
+                            dpr[i][j],
+                            arch["kernel_sizes"][i],
+                        )
+                        for j in range(arch["depths"][i])
+                    ]
+                )
+                for i in range(NUM_STAGES)
+            ]
+        )
         self.ds2 = Downsample(dims[0], dims[1])
         self.ds3 = Downsample(dims[1], dims[2])
         self.ds4 = Downsample(dims[2], dims[3])
         self.norm_out = norm_out
         if norm_out:
-            self.out_norms = nn.ModuleList([_gn(dims[i]) if i in self.out_indices else nn.Identity()
-                                            for i in range(NUM_STAGES)])
+            self.out_norms = nn.ModuleList(
+                [_gn(dims[i]) if i in self.out_indices else nn.Identity() for i in range(NUM_STAGES)]
+            )
         depths = arch["depths"]
-        self._setup_outputs(dims, [
-            f"out_norms.{i}" if norm_out and i in self.out_indices
-            else f"blocks.{i}.{depths[i] - 1}" if depths[i]
-            else f"ds{i + 1}" if i else "patch_embed" for i in range(NUM_STAGES)])
+        self._setup_outputs(
+            dims,
+            [
+                f"out_norms.{i}"
+                if norm_out and i in self.out_indices
+                else f"blocks.{i}.{depths[i] - 1}"
+                if depths[i]
+                else f"ds{i + 1}"
+                if i
+                else "patch_embed"
+                for i in range(NUM_STAGES)
+            ],
+        )
         self.apply(self._init_weights)
         self._freeze()
         if pretrained is not None:

@@ -11,6 +11,7 @@ A ``pretrained=`` that reaches an adapter usually comes from the config's ``mode
 error that names ``model.pretrained`` and the fix (``model.pretrained=None`` and ``backbone.init_cfg``):
 a URL or a missing file before anything is built, a file that does not fit as soon as it is read.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,6 +31,7 @@ from .stvit import STViT
 def _checked_pretrained(type_name: str, pretrained):
     """Around the backbone's construction: a ``pretrained=`` that cannot be a checkpoint of this backbone
     is refused in words that name model.pretrained and the fix (see the module docstring)."""
+
     def refuse(problem: str, cause: Exception):
         raise CheckpointError(
             f"{type_name} backbone got pretrained={pretrained!r}, which is not a checkpoint of it: "

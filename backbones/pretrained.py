@@ -1,5 +1,6 @@
 """Loading weights into the backbones: official releases, plain state dicts, our exports, and detector /
 segmentor training checkpoints (their ``backbone.`` entries), without ever unpickling arbitrary objects."""
+
 from __future__ import annotations
 
 import argparse
@@ -60,14 +61,23 @@ class StateDictDiff:
         return bool(self.missing or self.unexpected or self.mismatched)
 
     def __str__(self) -> str:
-        parts = [f"{what} ({len(keys)}): {_summary(keys, n)}" for what, keys, n in (
-            ("Missing keys", self.missing, 6), ("Unexpected keys", self.unexpected, 6),
-            ("Shape mismatches", self.mismatched, 3)) if keys]
+        parts = [
+            f"{what} ({len(keys)}): {_summary(keys, n)}"
+            for what, keys, n in (
+                ("Missing keys", self.missing, 6),
+                ("Unexpected keys", self.unexpected, 6),
+                ("Shape mismatches", self.mismatched, 3),
+            )
+            if keys
+        ]
         return ". ".join(parts) + "." if parts else "No differences."
 
 
-def state_dict_diff(given: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
-                    optional: Callable[[str], bool] | None = None) -> StateDictDiff:
+def state_dict_diff(
+    given: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+    optional: Callable[[str], bool] | None = None,
+) -> StateDictDiff:
     """Compare checkpoint tensors (``given``) with a model's ``state_dict()`` (``expected``): keys and shapes.
 
     Args:
@@ -81,8 +91,11 @@ def state_dict_diff(given: Mapping[str, torch.Tensor], expected: Mapping[str, to
     """
     missing = [k for k in expected if k not in given and not (optional and optional(k))]
     unexpected = [k for k in given if k not in expected]
-    mismatched = [f"{k}: checkpoint {tuple(given[k].shape)} vs model {tuple(expected[k].shape)}"
-                  for k in given if k in expected and given[k].shape != expected[k].shape]
+    mismatched = [
+        f"{k}: checkpoint {tuple(given[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in given
+        if k in expected and given[k].shape != expected[k].shape
+    ]
     return StateDictDiff(sorted(missing), sorted(unexpected), sorted(mismatched))
 
 
@@ -92,11 +105,14 @@ def check_checkpoint_path(path: str | os.PathLike) -> str:
     path = os.fspath(path)
     scheme = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path)
     if scheme:  # e.g. 'open-mmlab://resnet50_v1c', 'torchvision://resnet50', 'https://...'
-        raise CheckpointError(f"Checkpoint {path!r} is a URL ({scheme.group(0)}...); STViT / HAT-Net load local "
-                              "files only. Download the checkpoint and pass its path.")
+        raise CheckpointError(
+            f"Checkpoint {path!r} is a URL ({scheme.group(0)}...); STViT / HAT-Net load local "
+            "files only. Download the checkpoint and pass its path."
+        )
     if not os.path.isfile(path):
-        raise CheckpointError(f"Checkpoint file not found: {path!r}. Check the path (relative paths are "
-                              f"resolved from {os.getcwd()!r}).")
+        raise CheckpointError(
+            f"Checkpoint file not found: {path!r}. Check the path (relative paths are resolved from {os.getcwd()!r})."
+        )
     return path
 
 
@@ -110,13 +126,15 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
     _check_content_matches_extension(path)
     if path.endswith(".safetensors"):
         from safetensors import SafetensorError, safe_open
+
         try:
             with safe_open(path, framework="pt") as f:
                 meta = dict(f.metadata() or {})
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
         except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"Cannot read safetensors file {path!r}: it is truncated, corrupt or not a "
-                                  f"safetensors file ({e}).") from e
+            raise CheckpointError(
+                f"Cannot read safetensors file {path!r}: it is truncated, corrupt or not a safetensors file ({e})."
+            ) from e
         return tensors, meta
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
@@ -125,15 +143,19 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
         refused = re.search(r"\bGLOBAL ([\w.]+)", str(e))
         if refused is None:  # not a refused class: bytes that are no pickle at all
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and "documentation" not in ln]
-            raise CheckpointError(f"Cannot read checkpoint {path!r}: the file is corrupt or not a PyTorch "
-                                  f"checkpoint ({lines[-1] if lines else e}).") from e
+            raise CheckpointError(
+                f"Cannot read checkpoint {path!r}: the file is corrupt or not a PyTorch "
+                f"checkpoint ({lines[-1] if lines else e})."
+            ) from e
         raise CheckpointError(
             f"Refusing to load {path!r}: it contains Python objects outside the allow-list of safe types "
             f"({refused.group(1)}), and unpickling them could run arbitrary code. If you trust the file, "
-            "re-save only its tensors: torch.save(state_dict, 'clean.pth').") from e
+            "re-save only its tensors: torch.save(state_dict, 'clean.pth')."
+        ) from e
     except Exception as e:  # RuntimeError, EOFError, BadZipFile, IndexError...: whatever broken bytes raise
-        raise CheckpointError(f"Cannot read checkpoint {path!r}: the file is truncated or corrupt ({e}). "
-                              "Download or export it again.") from e
+        raise CheckpointError(
+            f"Cannot read checkpoint {path!r}: the file is truncated or corrupt ({e}). Download or export it again."
+        ) from e
 
 
 def _check_content_matches_extension(path: str) -> None:
@@ -144,11 +166,14 @@ def _check_content_matches_extension(path: str) -> None:
     is_zip = head[:4] == b"PK\x03\x04"  # torch.save's (zip) format
     is_safetensors = len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
     if path.endswith(".safetensors") and is_zip:
-        raise CheckpointError(f"{path!r} is a PyTorch (torch.save) checkpoint, not a safetensors file: the "
-                              "extension does not match the content. Rename it to .pth.")
+        raise CheckpointError(
+            f"{path!r} is a PyTorch (torch.save) checkpoint, not a safetensors file: the "
+            "extension does not match the content. Rename it to .pth."
+        )
     if not path.endswith(".safetensors") and is_safetensors:
-        raise CheckpointError(f"{path!r} is a safetensors file, but its extension says otherwise: rename it "
-                              "to .safetensors.")
+        raise CheckpointError(
+            f"{path!r} is a safetensors file, but its extension says otherwise: rename it to .safetensors."
+        )
 
 
 # --- finding the backbone tensors ------------------------------------------------------------------------
@@ -165,8 +190,11 @@ def detect_family(keys) -> str | None:
 
 
 def _is_state_dict(obj) -> bool:
-    return isinstance(obj, Mapping) and len(obj) > 0 and all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    return (
+        isinstance(obj, Mapping)
+        and len(obj) > 0
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    )
 
 
 def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]:
@@ -185,14 +213,18 @@ def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]
         meta = dict(obj.get("meta") or {})
     else:
         found = sorted(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__
-        raise CheckpointError(f"No model weights found in the checkpoint (top-level entries: {found}). "
-                              "Expected a state dict, {'model': ...} or {'state_dict': ...}.")
-    sd = {k[len("module."):] if k.startswith("module.") else k: v for k, v in sd.items()}
+        raise CheckpointError(
+            f"No model weights found in the checkpoint (top-level entries: {found}). "
+            "Expected a state dict, {'model': ...} or {'state_dict': ...}."
+        )
+    sd = {k[len("module.") :] if k.startswith("module.") else k: v for k, v in sd.items()}
     if prefix:
-        sub = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+        sub = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
         if not sub:
-            raise CheckpointError(f"No key starts with prefix {prefix!r}; the checkpoint's keys start with "
-                                  f"{sorted({k.split('.')[0] + '.' for k in sd})[:8]}.")
+            raise CheckpointError(
+                f"No key starts with prefix {prefix!r}; the checkpoint's keys start with "
+                f"{sorted({k.split('.')[0] + '.' for k in sd})[:8]}."
+            )
         return sub, meta, layout
     if detect_family(sd) is None:
         # A detector / segmentor training checkpoint ('backbone.' or 'model.backbone.'): take what sits under it.
@@ -202,9 +234,11 @@ def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]
             if sep and (head == "" or head.endswith(".")):
                 sub[rest] = v
         if not sub:
-            raise CheckpointError("The checkpoint holds no backbone weights: none of its keys belong to STViT "
-                                  "or HAT-Net, and none sit under 'backbone.' (first keys: "
-                                  f"{sorted(sd)[:5]}).")
+            raise CheckpointError(
+                "The checkpoint holds no backbone weights: none of its keys belong to STViT "
+                "or HAT-Net, and none sit under 'backbone.' (first keys: "
+                f"{sorted(sd)[:5]})."
+            )
         sd, layout = sub, layout + " (backbone. entries)"
     return sd, meta, layout
 
@@ -244,8 +278,7 @@ def checkpoint_filter(sd: Mapping[str, torch.Tensor], model: nn.Module) -> tuple
 
 
 # --- loading ---------------------------------------------------------------------------------------------
-def load_pretrained(model: nn.Module, checkpoint: str | os.PathLike | Mapping,
-                    prefix: str | None = None) -> LoadReport:
+def load_pretrained(model: nn.Module, checkpoint: str | os.PathLike | Mapping, prefix: str | None = None) -> LoadReport:
     """Load official / exported / detector weights into an STViT or HATNet, strictly.
 
     Keys that are skipped on purpose (the model class's ``skipped_key_patterns``) and new layers
@@ -275,24 +308,30 @@ def load_pretrained(model: nn.Module, checkpoint: str | os.PathLike | Mapping,
     ckpt_family = detect_family(sd)
     if ckpt_family != family:
         what = f"a {ckpt_family} checkpoint" if ckpt_family else "not an STViT/HAT-Net checkpoint"
-        raise CheckpointError(f"{source} is {what} ({layout}), but the model is "
-                              f"{type(model).__name__}. Build the matching backbone type or pick another file.")
+        raise CheckpointError(
+            f"{source} is {what} ({layout}), but the model is "
+            f"{type(model).__name__}. Build the matching backbone type or pick another file."
+        )
     sd, skipped = checkpoint_filter(sd, model)
     own = model.state_dict()
     # new layers (output norms) and BN step counters keep the model's own values when the checkpoint lacks them
-    diff = state_dict_diff(sd, own, optional=lambda k: k.startswith("out_norms.")
-                           or k.endswith("num_batches_tracked"))
+    diff = state_dict_diff(sd, own, optional=lambda k: k.startswith("out_norms.") or k.endswith("num_batches_tracked"))
     if diff:
         ours = _variant_name(arch_signature(own, family), model)
         theirs = _variant_name(arch_signature(sd, family), model)
-        hint = (f" The checkpoint looks like {theirs}, the model is {ours}: build the model with the checkpoint's "
-                "arch, or pick a checkpoint of this variant." if theirs != ours else "")
+        hint = (
+            f" The checkpoint looks like {theirs}, the model is {ours}: build the model with the checkpoint's "
+            "arch, or pick a checkpoint of this variant."
+            if theirs != ours
+            else ""
+        )
         raise CheckpointError(f"Checkpoint {source} does not fit this {type(model).__name__}.{hint} {diff}")
     with torch.no_grad():
         for k, v in sd.items():
             own[k].copy_(v)  # state_dict() tensors share storage with the module's parameters and buffers
-    report = LoadReport(source, family, loaded=sorted(sd), skipped=skipped,
-                        initialised=[k for k in own if k not in sd], meta=meta)
+    report = LoadReport(
+        source, family, loaded=sorted(sd), skipped=skipped, initialised=[k for k in own if k not in sd], meta=meta
+    )
     logger.info("%s", report)
     return report
 
@@ -306,12 +345,17 @@ def _check_meta(meta: dict, model: nn.Module, source: str) -> None:
     if isinstance(arch, str):
         arch = json.loads(arch)
     if arch:
-        diff = [k for k in ("embed_dims", "dims", "depths", "num_heads", "head_dim")
-                if k in arch and list(_as_list(arch[k])) != list(_as_list(model.arch.get(k)))]
+        diff = [
+            k
+            for k in ("embed_dims", "dims", "depths", "num_heads", "head_dim")
+            if k in arch and list(_as_list(arch[k])) != list(_as_list(model.arch.get(k)))
+        ]
         if diff:
-            raise CheckpointError(f"{source} was exported from a {fam} with {', '.join(f'{k}={arch[k]}' for k in diff)}"
-                                  f"; the model has {', '.join(f'{k}={model.arch.get(k)}' for k in diff)}. "
-                                  "Build the backbone with the export's arch (meta['arch']).")
+            raise CheckpointError(
+                f"{source} was exported from a {fam} with {', '.join(f'{k}={arch[k]}' for k in diff)}"
+                f"; the model has {', '.join(f'{k}={model.arch.get(k)}' for k in diff)}. "
+                "Build the backbone with the export's arch (meta['arch'])."
+            )
 
 
 def _as_list(v):

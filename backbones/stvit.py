@@ -4,6 +4,7 @@ Parameter names follow the official ``hhb072/STViT`` classification model, so it
 checkpoints load unchanged (see ``checkpoint_filter``). Each stage's output is the output of its last
 block, before the PatchMerging that starts the next stage: the same tensor the official model computes.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,14 +36,33 @@ from .pretrained import load_pretrained
 
 # The released variants (official ``stvit_small/base/large``).
 ARCHS = {
-    "small": dict(embed_dims=[64, 128, 320, 512], depths=[3, 5, 9, 3], num_heads=[1, 2, 5, 8],
-                  n_iter=[1, 1, 1, 1], stoken_size=[8, 4, 1, 1], layerscale=[False] * 4, init_values=1e-5),
-    "base": dict(embed_dims=[96, 192, 384, 512], depths=[4, 6, 14, 6], num_heads=[2, 3, 6, 8],
-                 n_iter=[1, 1, 1, 1], stoken_size=[8, 4, 1, 1], layerscale=[False, False, True, True],
-                 init_values=1e-6),
-    "large": dict(embed_dims=[96, 192, 448, 640], depths=[4, 7, 19, 8], num_heads=[2, 3, 7, 10],
-                  n_iter=[1, 1, 1, 1], stoken_size=[8, 4, 1, 1], layerscale=[False, False, True, True],
-                  init_values=1e-6),
+    "small": dict(
+        embed_dims=[64, 128, 320, 512],
+        depths=[3, 5, 9, 3],
+        num_heads=[1, 2, 5, 8],
+        n_iter=[1, 1, 1, 1],
+        stoken_size=[8, 4, 1, 1],
+        layerscale=[False] * 4,
+        init_values=1e-5,
+    ),
+    "base": dict(
+        embed_dims=[96, 192, 384, 512],
+        depths=[4, 6, 14, 6],
+        num_heads=[2, 3, 6, 8],
+        n_iter=[1, 1, 1, 1],
+        stoken_size=[8, 4, 1, 1],
+        layerscale=[False, False, True, True],
+        init_values=1e-6,
+    ),
+    "large": dict(
+        embed_dims=[96, 192, 448, 640],
+        depths=[4, 7, 19, 8],
+        num_heads=[2, 3, 7, 10],
+        n_iter=[1, 1, 1, 1],
+        stoken_size=[8, 4, 1, 1],
+        layerscale=[False, False, True, True],
+        init_values=1e-6,
+    ),
 }
 _REQUIRED = ("embed_dims", "depths", "num_heads", "n_iter", "stoken_size", "layerscale", "init_values")
 _DEFAULTS = dict(mlp_ratio=4, qkv_bias=True)
@@ -131,7 +151,7 @@ def _unfold3x3(x: torch.Tensor) -> torch.Tensor:
         out = F.conv2d(nchw(x).reshape(B * C, 1, h, w), eye, padding=1)  # (B*C, 9, h, w)
         return out.reshape(B, C, 9, h * w).permute(0, 3, 2, 1)
     xp = F.pad(x, (0, 0, 1, 1, 1, 1))
-    return torch.stack([xp[:, i:i + h, j:j + w] for i in range(3) for j in range(3)], dim=3).reshape(B, h * w, 9, C)
+    return torch.stack([xp[:, i : i + h, j : j + w] for i in range(3) for j in range(3)], dim=3).reshape(B, h * w, 9, C)
 
 
 def _fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
@@ -147,8 +167,8 @@ def _fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
     out = x.new_zeros(B, h + 2, w + 2, C)
     for k in range(9):
         i, j = divmod(k, 3)
-        out[:, i:i + h, j:j + w] += x[:, :, :, k]
-    return out[:, 1:h + 1, 1:w + 1]
+        out[:, i : i + h, j : j + w] += x[:, :, :, k]
+    return out[:, 1 : h + 1, 1 : w + 1]
 
 
 def _network_dtype(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -167,7 +187,7 @@ class StokenAttention(nn.Module):
         super().__init__()
         self.n_iter = n_iter
         self.stoken_size = tuple(stoken_size)
-        self.scale = dim ** -0.5
+        self.scale = dim**-0.5
         self.stoken_refine = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias)
 
     def forward(self, x):
@@ -219,8 +239,7 @@ class StokenAttention(nn.Module):
 
 
 class StokenAttentionLayer(nn.Module):
-    def __init__(self, dim, n_iter, stoken_size, num_heads, mlp_ratio, qkv_bias, drop_path,
-                 layerscale, init_values):
+    def __init__(self, dim, n_iter, stoken_size, num_heads, mlp_ratio, qkv_bias, drop_path, layerscale, init_values):
         super().__init__()
         self.layerscale = layerscale
         self.pos_embed = ResDWC(dim, 3)
@@ -253,8 +272,9 @@ class PatchEmbed(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
         half = dim // 2
-        self.proj = nn.Sequential(*_conv_bn(3, half, 2), *_conv_bn(half, half, 1),
-                                  *_conv_bn(half, dim, 2), *_conv_bn(dim, dim, 1))
+        self.proj = nn.Sequential(
+            *_conv_bn(3, half, 2), *_conv_bn(half, half, 1), *_conv_bn(half, dim, 2), *_conv_bn(dim, dim, 1)
+        )
 
     def forward(self, x):
         return self.proj(x)
@@ -299,16 +319,23 @@ class STViT(StagedBackbone):
     archs = ARCHS
     skipped_key_patterns = SKIPPED_KEY_PATTERNS
 
-    def __init__(self, arch: str | dict = "small", out_indices: Sequence[int] = (0, 1, 2, 3),
-                 drop_path_rate: float = 0.0, with_cp: bool = False, frozen_stages: int = -1, norm_eval: bool = False,
-                 pretrained: str | os.PathLike | Mapping | None = None,
-                 stoken_size: Sequence[int | Sequence[int]] | None = None, norm_out: bool = False):
+    def __init__(
+        self,
+        arch: str | dict = "small",
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+        drop_path_rate: float = 0.0,
+        with_cp: bool = False,
+        frozen_stages: int = -1,
+        norm_eval: bool = False,
+        pretrained: str | os.PathLike | Mapping | None = None,
+        stoken_size: Sequence[int | Sequence[int]] | None = None,
+        norm_out: bool = False,
+    ):
         super().__init__()
         arch = resolve_arch(arch, ARCHS, "STViT", _REQUIRED, _DEFAULTS)
         if stoken_size is not None:
             arch["stoken_size"] = list(stoken_size)
-        check_arch_lengths(arch, ("embed_dims", "depths", "num_heads", "n_iter", "stoken_size", "layerscale"),
-                           "STViT")
+        check_arch_lengths(arch, ("embed_dims", "depths", "num_heads", "n_iter", "stoken_size", "layerscale"), "STViT")
         for dim, heads in zip(arch["embed_dims"], arch["num_heads"]):
             if dim % heads:
                 raise ValueError(f"STViT arch: embed dim {dim} is not divisible by its num_heads {heads}")
@@ -323,21 +350,43 @@ class STViT(StagedBackbone):
         for i in range(NUM_STAGES):
             size = arch["stoken_size"][i]
             size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
-            blocks = nn.ModuleList([
-                StokenAttentionLayer(dims[i], arch["n_iter"][i], size, arch["num_heads"][i], arch["mlp_ratio"],
-                                     arch["qkv_bias"], dpr[i][j], arch["layerscale"][i], arch["init_values"])
-                for j in range(arch["depths"][i])])
+            blocks = nn.ModuleList(
+                [
+                    StokenAttentionLayer(
+                        dims[i],
+                        arch["n_iter"][i],
+                        size,
+                        arch["num_heads"][i],
+                        arch["mlp_ratio"],
+                        arch["qkv_bias"],
+                        dpr[i][j],
+                        arch["layerscale"][i],
+                        arch["init_values"],
+                    )
+                    for j in range(arch["depths"][i])
+                ]
+            )
             downsample = PatchMerging(dims[i], dims[i + 1]) if i < NUM_STAGES - 1 else None
             self.layers.append(_Layer(blocks, downsample))
         self.norm_out = norm_out
         if norm_out:
-            self.out_norms = nn.ModuleList([LayerNorm2d(dims[i], eps=1e-6) if i in self.out_indices
-                                            else nn.Identity() for i in range(NUM_STAGES)])
+            self.out_norms = nn.ModuleList(
+                [LayerNorm2d(dims[i], eps=1e-6) if i in self.out_indices else nn.Identity() for i in range(NUM_STAGES)]
+            )
         depths = arch["depths"]
-        self._setup_outputs(dims, [
-            f"out_norms.{i}" if norm_out and i in self.out_indices
-            else f"layers.{i}.blocks.{depths[i] - 1}" if depths[i]
-            else f"layers.{i - 1}.downsample" if i else "patch_embed" for i in range(NUM_STAGES)])
+        self._setup_outputs(
+            dims,
+            [
+                f"out_norms.{i}"
+                if norm_out and i in self.out_indices
+                else f"layers.{i}.blocks.{depths[i] - 1}"
+                if depths[i]
+                else f"layers.{i - 1}.downsample"
+                if i
+                else "patch_embed"
+                for i in range(NUM_STAGES)
+            ],
+        )
         self._freeze()
         if pretrained is not None:
             load_pretrained(self, pretrained)
@@ -363,5 +412,3 @@ class STViT(StagedBackbone):
             if layer.downsample is not None:
                 x = layer.downsample(x)
         return tuple(outs)
-
-

@@ -23,10 +23,10 @@ def build_task(cfg: Config, init_weights: bool = True) -> tuple[L.LightningModul
     """
     from .data import MMDataModule
 
-    scope = cfg.get('default_scope')
-    if scope == 'mmdet':
+    scope = cfg.get("default_scope")
+    if scope == "mmdet":
         from .detection import DetectionModule as Module
-    elif scope == 'mmseg':
+    elif scope == "mmseg":
         from .segmentation import SegmentationModule as Module
     else:
         raise ValueError(f"default_scope must be 'mmdet' or 'mmseg', got {scope!r}")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import matplotlib
 
-matplotlib.use('Agg')  # files only, no display
+matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -45,16 +45,16 @@ class PreparedImage:
 
 
 def stage_stride(stage: int) -> int:
-    return 4 * 2 ** stage
+    return 4 * 2**stage
 
 
 def to_image(stage_map: torch.Tensor, stride: int, image: PreparedImage) -> np.ndarray:
     """(..., h, w) values over a stride-``stride`` map -> (..., H, W) over the original image (nearest: each map
     pixel covers stride x stride input pixels; the padding is cropped and the resize undone)."""
     x = stage_map.float().cpu().repeat_interleave(stride, -2).repeat_interleave(stride, -1)
-    x = x[..., :image.img_shape[0], :image.img_shape[1]]
+    x = x[..., : image.img_shape[0], : image.img_shape[1]]
     lead = x.shape[:-2]
-    x = F.interpolate(x.reshape(1, -1, *x.shape[-2:]), size=image.original.shape[:2], mode='nearest-exact')
+    x = F.interpolate(x.reshape(1, -1, *x.shape[-2:]), size=image.original.shape[:2], mode="nearest-exact")
     return x.reshape(*lead, *image.original.shape[:2]).numpy()
 
 
@@ -87,18 +87,19 @@ class _Grid:
         self.cell_w, self.cell_h = GAP_PX + self.pw + COLORBAR_PX, TITLE_PX + self.ph + GAP_PX
         self.fw, self.fh = cols * self.cell_w + GAP_PX, rows * self.cell_h + HEADER_PX
         self.fig = plt.figure(figsize=(self.fw / DPI, self.fh / DPI), dpi=DPI)
-        header = '\n'.join(textwrap.wrap(header, int(self.fw / HEADER_CHAR_PX))[:2])
-        self.fig.text(0.5, 1 - HEADER_PX / 2 / self.fh, header, ha='center', va='center', fontsize=HEADER_PT,
-                      fontweight='bold')
+        header = "\n".join(textwrap.wrap(header, int(self.fw / HEADER_CHAR_PX))[:2])
+        self.fig.text(
+            0.5, 1 - HEADER_PX / 2 / self.fh, header, ha="center", va="center", fontsize=HEADER_PT, fontweight="bold"
+        )
 
     def panel(self, row: int, col: int, title: str, dim: float = 1.0):
         left = GAP_PX + col * self.cell_w
         top = HEADER_PX + row * self.cell_h + TITLE_PX
         ax = self.fig.add_axes((left / self.fw, 1 - (top + self.ph) / self.fh, self.pw / self.fw, self.ph / self.fh))
-        ax.imshow((self.image * dim).astype(np.uint8), interpolation='antialiased')
+        ax.imshow((self.image * dim).astype(np.uint8), interpolation="antialiased")
         ax.set_xticks([]), ax.set_yticks([])
         lines = textwrap.wrap(title, int((self.pw + COLORBAR_PX - GAP_PX) / CHAR_PX))
-        ax.set_title('\n'.join(lines[:TITLE_LINES]), fontsize=TITLE_PT, loc='left')
+        ax.set_title("\n".join(lines[:TITLE_LINES]), fontsize=TITLE_PT, loc="left")
         return ax
 
     def heat(self, ax, values: np.ndarray, label: str, sparse: bool = False):
@@ -106,8 +107,14 @@ class _Grid:
         else a dense distribution (colour scale from its minimum, so that its structure shows)."""
         shown = np.ma.masked_where(values <= 0, values) if sparse else values
         low = 0.0 if sparse else float(values.min())
-        im = ax.imshow(shown, cmap='inferno', alpha=0.7, vmin=low, vmax=max(float(values.max()), low + 1e-12),
-                       interpolation='nearest')
+        im = ax.imshow(
+            shown,
+            cmap="inferno",
+            alpha=0.7,
+            vmin=low,
+            vmax=max(float(values.max()), low + 1e-12),
+            interpolation="nearest",
+        )
         box = ax.get_position()
         cax = self.fig.add_axes((box.x1 + 8 / self.fw, box.y0, 14 / self.fw, box.height))
         self.fig.colorbar(im, cax=cax).set_label(label, fontsize=9)
@@ -115,13 +122,13 @@ class _Grid:
     def save(self, path: str) -> None:
         """Write the PNG atomically: an interrupted run leaves no truncated picture."""
         data = io.BytesIO()
-        self.fig.savefig(data, dpi=DPI, format='png')
+        self.fig.savefig(data, dpi=DPI, format="png")
         plt.close(self.fig)
         atomic_write(path, lambda f: f.write(data.getvalue()))
 
 
 def _mark(ax, point) -> None:
-    ax.plot(*point, marker='+', color='cyan', markersize=16, markeredgewidth=2.5)
+    ax.plot(*point, marker="+", color="cyan", markersize=16, markeredgewidth=2.5)
 
 
 def _boundaries(labels: np.ndarray, thickness: int) -> np.ndarray:
@@ -138,37 +145,45 @@ def _boundaries(labels: np.ndarray, thickness: int) -> np.ndarray:
 
 
 def _heads(n: int) -> str:
-    return f'mean of {n} heads' if n > 1 else '1 head'
-
+    return f"mean of {n} heads" if n > 1 else "1 head"
 
 
 def draw_stvit(out: str, image: PreparedImage, records: dict, point, stokens: dict) -> None:
     """Super-token association (boundaries) and one super token's soft association, one column per stage.
     ``records``: {stage: 'stoken' record}; ``stokens``: {stage: flat index of the super token to show}."""
-    name = image.path.rsplit('/', 1)[-1]
-    header = f'STViT super tokens, last block of each stage (+: the point ({point[0]:g}, {point[1]:g})): {name}'
+    name = image.path.rsplit("/", 1)[-1]
+    header = f"STViT super tokens, last block of each stage (+: the point ({point[0]:g}, {point[1]:g})): {name}"
     grid = _Grid(image.original, 2, len(records), header)
     thickness = max(1, round(min(image.original.shape[:2]) / 250))
     rng = np.random.default_rng(0)
     for col, (stage, rec) in enumerate(sorted(records.items())):
-        stride, (hh, ww), (h, w) = stage_stride(stage), rec['grid'], rec['stoken_size']
+        stride, (hh, ww), (h, w) = stage_stride(stage), rec["grid"], rec["stoken_size"]
         labels = to_image(stoken_assignment(rec)[0], stride, image).astype(np.int64)
         token = stokens[stage]
         ti, tj = divmod(token, ww)
-        ax = grid.panel(0, col, f'stage {stage} (stride {stride}), {hh}x{ww} super tokens of {h}x{w} map px: each '
-                                f"pixel's super token (highest affinity of its 9 neighbours); cyan: token {token}")
+        ax = grid.panel(
+            0,
+            col,
+            f"stage {stage} (stride {stride}), {hh}x{ww} super tokens of {h}x{w} map px: each "
+            f"pixel's super token (highest affinity of its 9 neighbours); cyan: token {token}",
+        )
         tint = rng.random((hh * ww, 3))[labels]
-        ax.imshow(np.concatenate([tint, np.full(labels.shape + (1,), 0.25)], -1), interpolation='nearest')
+        ax.imshow(np.concatenate([tint, np.full(labels.shape + (1,), 0.25)], -1), interpolation="nearest")
         edges = np.zeros(labels.shape + (4,))
         edges[_boundaries(labels, thickness)] = (1.0, 0.9, 0.0, 1.0)
-        ax.imshow(edges, interpolation='nearest')
+        ax.imshow(edges, interpolation="nearest")
         mine = np.zeros(labels.shape + (4,))
         mine[_boundaries(labels == token, thickness + 1) & (labels == token)] = (0.0, 1.0, 1.0, 1.0)
-        ax.imshow(mine, interpolation='nearest')
-        ax = grid.panel(1, col, f'stage {stage}: soft association of each pixel to super token {token} (row {ti}, '
-                                f'col {tj}; cyan box: its grid cell), zero outside its 3x3 neighbourhood', dim=0.55)
-        grid.heat(ax, to_image(stoken_association(rec, token)[0], stride, image), 'association weight', sparse=True)
-        ax.add_patch(Rectangle(*_xy_wh(map_box(ti * h, tj * w, h, w, stride, image)), fill=False, color='cyan', lw=2))
+        ax.imshow(mine, interpolation="nearest")
+        ax = grid.panel(
+            1,
+            col,
+            f"stage {stage}: soft association of each pixel to super token {token} (row {ti}, "
+            f"col {tj}; cyan box: its grid cell), zero outside its 3x3 neighbourhood",
+            dim=0.55,
+        )
+        grid.heat(ax, to_image(stoken_association(rec, token)[0], stride, image), "association weight", sparse=True)
+        ax.add_patch(Rectangle(*_xy_wh(map_box(ti * h, tj * w, h, w, stride, image)), fill=False, color="cyan", lw=2))
         _mark(ax, point)
     grid.save(out)
 
@@ -176,33 +191,51 @@ def draw_stvit(out: str, image: PreparedImage, records: dict, point, stokens: di
 def draw_hatnet(out: str, image: PreparedImage, records: dict, point) -> None:
     """Window attention (top) and global attention (bottom) of the query ``point``, one column per stage.
     ``records``: {stage: 'hat' record}."""
-    name = image.path.rsplit('/', 1)[-1]
-    header = f'HAT-Net attention of the query at ({point[0]:g}, {point[1]:g}) (+), last block of each stage, ' \
-             f'mean over heads: {name}'
+    name = image.path.rsplit("/", 1)[-1]
+    header = (
+        f"HAT-Net attention of the query at ({point[0]:g}, {point[1]:g}) (+), last block of each stage, "
+        f"mean over heads: {name}"
+    )
     grid = _Grid(image.original, 2, len(records), header)
     for col, (stage, rec) in enumerate(sorted(records.items())):
         stride = stage_stride(stage)
         row, c = map_pixel(point, stride, image)
-        heads = rec['global_probs'].shape[1]
-        if 'window_probs' in rec:
-            g = rec['grid_size']
-            ax = grid.panel(0, col, f'stage {stage} (stride {stride}): window attention of the query (+) inside its '
-                                    f'{g}x{g} window (cyan), {_heads(heads)}', dim=0.55)
-            grid.heat(ax, to_image(window_attention_map(rec, row, c)[0].mean(0), stride, image), 'attention weight',
-                      sparse=True)
+        heads = rec["global_probs"].shape[1]
+        if "window_probs" in rec:
+            g = rec["grid_size"]
+            ax = grid.panel(
+                0,
+                col,
+                f"stage {stage} (stride {stride}): window attention of the query (+) inside its "
+                f"{g}x{g} window (cyan), {_heads(heads)}",
+                dim=0.55,
+            )
+            grid.heat(
+                ax,
+                to_image(window_attention_map(rec, row, c)[0].mean(0), stride, image),
+                "attention weight",
+                sparse=True,
+            )
             top, left = row // g * g, c // g * g
-            ax.add_patch(Rectangle(*_xy_wh(map_box(top, left, g, g, stride, image)), fill=False, color='cyan', lw=2))
+            ax.add_patch(Rectangle(*_xy_wh(map_box(top, left, g, g, stride, image)), fill=False, color="cyan", lw=2))
         else:
-            ax = grid.panel(0, col, f'stage {stage} (stride {stride}): no windows (grid size 1)', dim=0.3)
-            ax.text(0.5, 0.5, 'no window attention here:\nplain global attention below', color='white',
-                    ha='center', va='center', transform=ax.transAxes, fontsize=11)
+            ax = grid.panel(0, col, f"stage {stage} (stride {stride}): no windows (grid size 1)", dim=0.3)
+            ax.text(
+                0.5,
+                0.5,
+                "no window attention here:\nplain global attention below",
+                color="white",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=11,
+            )
         _mark(ax, point)
-        ph, pw = rec['pooled']
-        ds = rec['ds_ratio']
-        over = f'the {ph}x{pw} pooled map ({ds}x{ds} pooling)' if ds > 1 else f'all {ph}x{pw} positions'
-        ax = grid.panel(1, col, f'stage {stage}: global attention of the query over {over}, {_heads(heads)}',
-                        dim=0.55)
-        grid.heat(ax, to_image(global_attention_map(rec, row, c)[0].mean(0), stride * ds, image), 'attention weight')
+        ph, pw = rec["pooled"]
+        ds = rec["ds_ratio"]
+        over = f"the {ph}x{pw} pooled map ({ds}x{ds} pooling)" if ds > 1 else f"all {ph}x{pw} positions"
+        ax = grid.panel(1, col, f"stage {stage}: global attention of the query over {over}, {_heads(heads)}", dim=0.55)
+        grid.heat(ax, to_image(global_attention_map(rec, row, c)[0].mean(0), stride * ds, image), "attention weight")
         _mark(ax, point)
     grid.save(out)
 

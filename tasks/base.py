@@ -41,7 +41,7 @@ from .config import build_from_registry, config_text, register_scope
 from .optim import build_optimizer, build_schedulers, scale_lr
 
 log = logging.getLogger(__name__)
-NONFINITE_MODES = ('raise', 'skip')
+NONFINITE_MODES = ("raise", "skip")
 
 
 class MMTaskModule(L.LightningModule):
@@ -66,7 +66,7 @@ class MMTaskModule(L.LightningModule):
         skipped_nonfinite: steps skipped for a non-finite loss so far (``nonfinite_loss='skip'``).
     """
 
-    scope: str = ''
+    scope: str = ""
 
     def __init__(self, cfg: Config | dict, *, init_weights: bool = True) -> None:
         super().__init__()
@@ -83,10 +83,10 @@ class MMTaskModule(L.LightningModule):
         self.val_metrics: dict = {}
         self.test_metrics: dict = {}
         self.evaluate_test = True
-        self.__dict__['_tta'] = None  # see enable_tta
-        self.nonfinite_loss = self.cfg.get('nonfinite_loss') or 'raise'
+        self.__dict__["_tta"] = None  # see enable_tta
+        self.nonfinite_loss = self.cfg.get("nonfinite_loss") or "raise"
         if self.nonfinite_loss not in NONFINITE_MODES:
-            raise ValueError(f'nonfinite_loss must be one of {NONFINITE_MODES}, got {self.nonfinite_loss!r}')
+            raise ValueError(f"nonfinite_loss must be one of {NONFINITE_MODES}, got {self.nonfinite_loss!r}")
         self.skipped_nonfinite = 0
         self._skip_optimizer_step = False
 
@@ -123,25 +123,46 @@ class MMTaskModule(L.LightningModule):
         data = self._preprocess(batch, training=True)
         # 'skip': the forward of a step that turns out non-finite must leave no trace either; it would
         # otherwise have moved BatchNorm running statistics (to NaN, for a batch of NaN images).
-        buffers = [b.clone() for b in self.model.buffers()] if self.nonfinite_loss == 'skip' else None
-        losses = self.model(**data, mode='loss')
+        buffers = [b.clone() for b in self.model.buffers()] if self.nonfinite_loss == "skip" else None
+        losses = self.model(**data, mode="loss")
         loss, log_vars = self.model.parse_losses(losses)
         if self._nonfinite(loss):
             if buffers is not None:
                 with torch.no_grad():
                     for b, before in zip(self.model.buffers(), buffers):
                         b.copy_(before)
-            return self._nonfinite_step(log_vars, batch_idx, len(data['data_samples']))
+            return self._nonfinite_step(log_vars, batch_idx, len(data["data_samples"]))
         # Per-rank values, logged on step only: no collective in the hot loop.
-        self.log_dict({f'train/{k}': v for k, v in log_vars.items()}, on_step=True, on_epoch=False,
-                      batch_size=len(data['data_samples']))
-        self.log('loss', log_vars['loss'], prog_bar=True, logger=False, on_step=True, on_epoch=False,
-                 batch_size=len(data['data_samples']))
-        self.log('train/lr', self.trainer.optimizers[0].param_groups[0]['lr'], on_step=True, on_epoch=False,
-                 batch_size=len(data['data_samples']))
+        self.log_dict(
+            {f"train/{k}": v for k, v in log_vars.items()},
+            on_step=True,
+            on_epoch=False,
+            batch_size=len(data["data_samples"]),
+        )
+        self.log(
+            "loss",
+            log_vars["loss"],
+            prog_bar=True,
+            logger=False,
+            on_step=True,
+            on_epoch=False,
+            batch_size=len(data["data_samples"]),
+        )
+        self.log(
+            "train/lr",
+            self.trainer.optimizers[0].param_groups[0]["lr"],
+            on_step=True,
+            on_epoch=False,
+            batch_size=len(data["data_samples"]),
+        )
         if self.skipped_nonfinite:
-            self.log('train/skipped_nonfinite', float(self.skipped_nonfinite), on_step=True, on_epoch=False,
-                     batch_size=len(data['data_samples']))
+            self.log(
+                "train/skipped_nonfinite",
+                float(self.skipped_nonfinite),
+                on_step=True,
+                on_epoch=False,
+                batch_size=len(data["data_samples"]),
+            )
         return loss
 
     def _nonfinite(self, loss: torch.Tensor) -> bool:
@@ -154,19 +175,28 @@ class MMTaskModule(L.LightningModule):
         vals = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in log_vars.items()}
         bad = {k: v for k, v in vals.items() if not math.isfinite(v)}
         rank = self.global_rank
-        where = (f'step {self.global_step} (epoch {self.current_epoch}, batch {batch_idx}, rank {rank})')
-        terms = (', '.join(f'{k}={v}' for k, v in bad.items()) if bad else
-                 'all terms finite on this rank; non-finite on another rank')
-        if self.nonfinite_loss == 'raise':
+        where = f"step {self.global_step} (epoch {self.current_epoch}, batch {batch_idx}, rank {rank})"
+        terms = (
+            ", ".join(f"{k}={v}" for k, v in bad.items())
+            if bad
+            else "all terms finite on this rank; non-finite on another rank"
+        )
+        if self.nonfinite_loss == "raise":
             raise FloatingPointError(
-                f'non-finite loss at {where}: {terms} (all terms: '
-                f'{", ".join(f"{k}={v:.4g}" for k, v in vals.items())}). Training stopped; the '
+                f"non-finite loss at {where}: {terms} (all terms: "
+                f"{', '.join(f'{k}={v:.4g}' for k, v in vals.items())}). Training stopped; the "
                 "checkpoints on disk are from earlier steps. Lower the learning rate / enable gradient "
-                "clipping, or set nonfinite_loss='skip' in the config to skip such steps.")
+                "clipping, or set nonfinite_loss='skip' in the config to skip such steps."
+            )
         self.skipped_nonfinite += 1
-        log.warning('skipping non-finite loss at %s: %s (%d skipped so far)', where, terms, self.skipped_nonfinite)
-        self.log('train/skipped_nonfinite', float(self.skipped_nonfinite), on_step=True, on_epoch=False,
-                 batch_size=batch_size)
+        log.warning("skipping non-finite loss at %s: %s (%d skipped so far)", where, terms, self.skipped_nonfinite)
+        self.log(
+            "train/skipped_nonfinite",
+            float(self.skipped_nonfinite),
+            on_step=True,
+            on_epoch=False,
+            batch_size=batch_size,
+        )
         self._skip_optimizer_step = True  # read by optimizer_step
         # A zero that reaches every trainable parameter: its backward gives each a zero gradient on every rank
         # (DDP all-reduces them as usual) whatever the non-finite activations held.
@@ -177,27 +207,29 @@ class MMTaskModule(L.LightningModule):
         """Predict with the config's ``tta_model`` (mmseg ``SegTTAModel``, mmdet ``DetTTAModel``) wrapping this
         model as its ``module``, as mmengine's Runner does for ``--tta``. The eval data must then come from the
         config's ``tta_pipeline`` (mm's ``TestTimeAug``: each batch holds one list per augmented view)."""
-        if self.cfg.get('tta_model') is None:
-            raise ValueError('--tta: the config defines no tta_model (e.g. '
-                             "tta_model = dict(type='SegTTAModel') with a tta_pipeline; see README)")
-        tta = build_from_registry(self.models_registry(), dict(self.cfg.tta_model, module=self.model), 'tta_model')
+        if self.cfg.get("tta_model") is None:
+            raise ValueError(
+                "--tta: the config defines no tta_model (e.g. "
+                "tta_model = dict(type='SegTTAModel') with a tta_pipeline; see README)"
+            )
+        tta = build_from_registry(self.models_registry(), dict(self.cfg.tta_model, module=self.model), "tta_model")
         self.check_tta(tta)
         # Kept out of the module tree: the TTA model holds self.model as a child, and registering it would
         # add every weight a second time (``_tta.module.*``) to the state dict and to checkpoint loading.
-        self.__dict__['_tta'] = tta
+        self.__dict__["_tta"] = tta
 
     def check_tta(self, tta: torch.nn.Module) -> None:
         """Subclasses refuse TTA models that cannot merge this model's predictions (with a ValueError)."""
 
     def _predict(self, batch: dict) -> list:
-        tta = self.__dict__.get('_tta')
+        tta = self.__dict__.get("_tta")
         if tta is not None:
             # BaseTTAModel.test_step splits the batch into one batch per view, runs the wrapped model's own
             # test_step (data_preprocessor + predict) on each and merges the views of every image.
             self._sync_preprocessor_device()
             return tta.test_step(batch)
         data = self._preprocess(batch, training=False)
-        return self.model(**data, mode='predict')
+        return self.model(**data, mode="predict")
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         # No self.log here: ranks may run different numbers of val batches (unpadded sampler), so
@@ -211,16 +243,16 @@ class MMTaskModule(L.LightningModule):
         return preds  # for callbacks (tasks/visualize.py)
 
     def on_validation_epoch_start(self) -> None:
-        self._set_class_names('val')
+        self._set_class_names("val")
 
     def on_test_epoch_start(self) -> None:
-        self._set_class_names('test')
+        self._set_class_names("test")
 
     def _set_class_names(self, split: str) -> None:
         # per-class results are keyed by the dataset's class names, as mmengine's Evaluator sets dataset_meta
-        datamodule = getattr(self._trainer, 'datamodule', None) if self._trainer is not None else None
-        if datamodule is not None and hasattr(datamodule, 'dataset'):
-            classes = (getattr(datamodule.dataset(split), 'metainfo', None) or {}).get('classes')
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is not None and hasattr(datamodule, "dataset"):
+            classes = (getattr(datamodule.dataset(split), "metainfo", None) or {}).get("classes")
             if classes is not None:
                 self.evaluator.class_names = [str(c) for c in classes]
 
@@ -228,11 +260,11 @@ class MMTaskModule(L.LightningModule):
         """The evaluator's flat float metrics (logged) plus its ``per_class`` dict (not logged)."""
         result = self.evaluator.compute()  # gathers all ranks
         self.evaluator.reset()
-        metrics = {k: float(v) for k, v in result.items() if k != 'per_class'}
+        metrics = {k: float(v) for k, v in result.items() if k != "per_class"}
         # Same value on every rank already, so no sync_dist (which would be one more collective).
         self.log_dict(metrics, sync_dist=False)
-        if 'per_class' in result:
-            metrics['per_class'] = result['per_class']
+        if "per_class" in result:
+            metrics["per_class"] = result["per_class"]
         return metrics
 
     def on_validation_epoch_end(self) -> None:
@@ -248,16 +280,16 @@ class MMTaskModule(L.LightningModule):
         # The resolved config and the last validation metrics travel with the weights, as plain
         # strings and floats: every loader reads checkpoints with weights_only=True, which refuses
         # mmengine Config objects.
-        checkpoint['mm_config'] = config_text(self.cfg)
-        checkpoint['val_metrics'] = dict(self.val_metrics)
-        checkpoint['skipped_nonfinite'] = self.skipped_nonfinite
+        checkpoint["mm_config"] = config_text(self.cfg)
+        checkpoint["val_metrics"] = dict(self.val_metrics)
+        checkpoint["skipped_nonfinite"] = self.skipped_nonfinite
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.skipped_nonfinite = int(checkpoint.get('skipped_nonfinite', 0))
+        self.skipped_nonfinite = int(checkpoint.get("skipped_nonfinite", 0))
 
     # ---- optimisation ----------------------------------------------------------------------------
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        if self.nonfinite_loss != 'skip':
+        if self.nonfinite_loss != "skip":
             return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         # The closure (training_step + backward) runs first, so that a step found non-finite never reaches
         # the optimizer (nor gradient clipping or the AMP scaler); a finite one steps on the loss it returned.
@@ -270,11 +302,20 @@ class MMTaskModule(L.LightningModule):
     def configure_optimizers(self) -> tuple[list[Optimizer], list[dict]]:
         optimizer = build_optimizer(self.model, self.cfg.optim_wrapper)
         trainer = self.trainer
-        scale_lr(optimizer, self.cfg.get('auto_scale_lr'), num_devices=trainer.num_devices,
-                 num_nodes=trainer.num_nodes, batch_size=self.cfg.train_dataloader.batch_size)
-        schedulers = build_schedulers(optimizer, self.cfg.get('param_scheduler'),
-                                      max_epochs=trainer.max_epochs, max_steps=trainer.max_steps,
-                                      epoch_length=self._steps_per_epoch)
+        scale_lr(
+            optimizer,
+            self.cfg.get("auto_scale_lr"),
+            num_devices=trainer.num_devices,
+            num_nodes=trainer.num_nodes,
+            batch_size=self.cfg.train_dataloader.batch_size,
+        )
+        schedulers = build_schedulers(
+            optimizer,
+            self.cfg.get("param_scheduler"),
+            max_epochs=trainer.max_epochs,
+            max_steps=trainer.max_steps,
+            epoch_length=self._steps_per_epoch,
+        )
         return [optimizer], schedulers
 
     def _steps_per_epoch(self) -> int:

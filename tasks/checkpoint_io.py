@@ -30,7 +30,7 @@ from backbones.export import plain_meta
 
 def write_json(path: str | os.PathLike, obj: dict) -> None:
     """Atomic JSON write; non-finite floats become null (JSON has no NaN), at any depth."""
-    text = json.dumps(plain_meta(obj), indent=2, sort_keys=True) + '\n'
+    text = json.dumps(plain_meta(obj), indent=2, sort_keys=True) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
 
 
@@ -38,6 +38,7 @@ def load_checkpoint_safely(path: str | os.PathLike, map_location: str | torch.de
     """``torch.load(weights_only=True)`` with the allow-list of ``backbones.pretrained``; a file that holds
     other Python objects (which could run code when unpickled) is refused with ``CheckpointError``."""
     from backbones.pretrained import read_checkpoint
+
     obj, _ = read_checkpoint(path)  # CPU tensors
     if map_location is not None and not callable(map_location):
         obj = _map(obj, torch.device(map_location) if isinstance(map_location, str) else map_location)
@@ -62,7 +63,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not isinstance(get_filesystem(path), LocalFileSystem):
             return super().load_checkpoint(path, map_location=map_location, weights_only=True)
         if not os.path.exists(path):
-            raise FileNotFoundError(f'Checkpoint file not found: {path}')
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")
         return load_checkpoint_safely(path, map_location)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any = None) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from mmengine.config import Config
 from mmengine.registry import Registry, init_default_scope
 
-SCOPES = ('mmdet', 'mmseg')
+SCOPES = ("mmdet", "mmseg")
 
 
 def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Config:
@@ -22,22 +22,23 @@ def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Con
     cfg = Config.fromfile(os.fspath(path))
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
-    scope = cfg.get('default_scope')
+    scope = cfg.get("default_scope")
     if scope not in SCOPES:
-        raise ValueError(f'{path}: default_scope must be one of {SCOPES} (inherit an mmdet:: or mmseg:: base '
-                         f'config), got {scope!r}')
+        raise ValueError(
+            f"{path}: default_scope must be one of {SCOPES} (inherit an mmdet:: or mmseg:: base config), got {scope!r}"
+        )
     return cfg
 
 
 def register_scope(scope: str) -> None:
     """Import every mmdet / mmseg module into its registries and make ``scope`` the default scope, so
     that ``type='Resize'`` etc. resolve in that library (mmengine's Runner does the same)."""
-    if scope == 'mmdet':
+    if scope == "mmdet":
         from mmdet.utils import register_all_modules
-    elif scope == 'mmseg':
+    elif scope == "mmseg":
         from mmseg.utils import register_all_modules
     else:
-        raise ValueError(f'unknown scope {scope!r}, expected one of {SCOPES}')
+        raise ValueError(f"unknown scope {scope!r}, expected one of {SCOPES}")
     register_all_modules(init_default_scope=False)
     init_default_scope(scope)
 
@@ -57,13 +58,13 @@ def config_text(cfg: Config) -> str:
             ast.literal_eval(text)
         except (ValueError, SyntaxError):
             return cfg.pretty_text
-        lines.append(f'{key} = {text}')
-    return '\n'.join(lines) + '\n'
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"
 
 
 def default_work_dir(cfg: Config, config_path: str | os.PathLike) -> str:
     """``cfg.work_dir`` if set, else ``work_dirs/<config name>`` (mmengine's convention)."""
-    return cfg.get('work_dir') or osp.join('work_dirs', osp.splitext(osp.basename(config_path))[0])
+    return cfg.get("work_dir") or osp.join("work_dirs", osp.splitext(osp.basename(config_path))[0])
 
 
 def _registry_names(registry) -> set[str]:
@@ -79,7 +80,7 @@ def _registry_names(registry) -> set[str]:
     return names
 
 
-def build_from_registry(registry: Registry, cfg: dict, what: str = 'model') -> Any:
+def build_from_registry(registry: Registry, cfg: dict, what: str = "model") -> Any:
     """``registry.build(cfg)``; a ``type`` the registry does not know gets the closest registered names.
 
     Args:
@@ -93,9 +94,11 @@ def build_from_registry(registry: Registry, cfg: dict, what: str = 'model') -> A
         m = re.search(r"'?([\w.:]+) is not in the ", str(e))
         if m is None:
             raise
-        name = m.group(1).split('.')[-1]
+        name = m.group(1).split(".")[-1]
         near = difflib.get_close_matches(name, _registry_names(registry), n=5, cutoff=0.6)
         near += sorted(n for n in _registry_names(registry) if n.lower() == name.lower() and n not in near)
-        hint = f' Did you mean {", ".join(repr(n) for n in near)}?' if near else ''
-        raise KeyError(f"{what}: unknown type {name!r} (not registered in {registry.scope}'s {registry.name} "
-                       f"registry or its parents).{hint}") from e
+        hint = f" Did you mean {', '.join(repr(n) for n in near)}?" if near else ""
+        raise KeyError(
+            f"{what}: unknown type {name!r} (not registered in {registry.scope}'s {registry.name} "
+            f"registry or its parents).{hint}"
+        ) from e

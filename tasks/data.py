@@ -45,37 +45,38 @@ from .sampling import ResumableBatchSampler, ResumableDataLoader, ResumableSampl
 
 log = logging.getLogger(__name__)
 
-SPLITS = ('train', 'val', 'test')
+SPLITS = ("train", "val", "test")
 
 
 def _data_paths(ds_cfg: dict):
     """Yield (description, path) for what must exist before ``ds_cfg`` can be built."""
-    if 'datasets' in ds_cfg:  # ConcatDataset
-        for sub in ds_cfg['datasets']:
+    if "datasets" in ds_cfg:  # ConcatDataset
+        for sub in ds_cfg["datasets"]:
             yield from _data_paths(sub)
         return
-    if 'dataset' in ds_cfg:  # RepeatDataset, ClassBalancedDataset, MultiImageMixDataset
-        yield from _data_paths(ds_cfg['dataset'])
+    if "dataset" in ds_cfg:  # RepeatDataset, ClassBalancedDataset, MultiImageMixDataset
+        yield from _data_paths(ds_cfg["dataset"])
         return
-    root = ds_cfg.get('data_root') or ''
+    root = ds_cfg.get("data_root") or ""
     if root:
-        yield 'data_root', root
-    if ds_cfg.get('ann_file'):
-        yield 'ann_file', osp.join(root, ds_cfg['ann_file'])
-    for key, prefix in (ds_cfg.get('data_prefix') or {}).items():
+        yield "data_root", root
+    if ds_cfg.get("ann_file"):
+        yield "ann_file", osp.join(root, ds_cfg["ann_file"])
+    for key, prefix in (ds_cfg.get("data_prefix") or {}).items():
         if prefix:
-            yield f'data_prefix.{key}', osp.join(root, prefix)
+            yield f"data_prefix.{key}", osp.join(root, prefix)
 
 
 def check_dataset_paths(ds_cfg: dict, section: str) -> None:
     """Raise ``FileNotFoundError`` naming the config key, the path and the fix for a ``data_root``,
     ``ann_file`` or ``data_prefix`` of ``ds_cfg`` (wrappers included) that does not exist."""
     for what, path in _data_paths(ds_cfg):
-        if '://' not in path and not osp.exists(path):
+        if "://" not in path and not osp.exists(path):
             raise FileNotFoundError(
                 f"{section}.dataset.{what} '{path}' does not exist. For the demo data run "
                 f"`python tools/make_tiny_data.py --out data`; for your own copy pass "
-                f"`--cfg-options {section}.dataset.data_root=DIR` (and the other *_dataloader sections).")
+                f"`--cfg-options {section}.dataset.data_root=DIR` (and the other *_dataloader sections)."
+            )
 
 
 class DataError(RuntimeError):
@@ -85,12 +86,12 @@ class DataError(RuntimeError):
 def _jpeg_truncated(path: str) -> bool:
     """No JPEG end-of-image marker (FFD9) in the last KiB: cut off, e.g. by an interrupted copy. OpenCV
     decodes such files without an error, filling the missing rows with grey."""
-    with open(path, 'rb') as f:
-        if f.read(2) != b'\xff\xd8':  # not a JPEG stream (e.g. a PNG named .jpg): mmcv decodes by content
+    with open(path, "rb") as f:
+        if f.read(2) != b"\xff\xd8":  # not a JPEG stream (e.g. a PNG named .jpg): mmcv decodes by content
             return False
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - 1024))
-        return b'\xff\xd9' not in f.read()
+        return b"\xff\xd9" not in f.read()
 
 
 class CheckedDataset(Dataset):
@@ -98,9 +99,9 @@ class CheckedDataset(Dataset):
 
     def __init__(self, dataset, split: str):
         self.dataset, self.split = dataset, split
-        classes = (getattr(dataset, 'metainfo', None) or {}).get('classes')
-        self.num_classes = len(classes) if classes is not None and hasattr(dataset, 'ignore_index') else None
-        self.ignore_index = getattr(dataset, 'ignore_index', 255)
+        classes = (getattr(dataset, "metainfo", None) or {}).get("classes")
+        self.num_classes = len(classes) if classes is not None and hasattr(dataset, "ignore_index") else None
+        self.ignore_index = getattr(dataset, "ignore_index", 255)
 
     def __len__(self):
         return len(self.dataset)
@@ -110,7 +111,7 @@ class CheckedDataset(Dataset):
             info = self.dataset.get_data_info(idx)
         except Exception:  # noqa: BLE001 - wrappers without get_data_info: no file names to check
             return []
-        return [info[k] for k in ('img_path', 'seg_map_path') if isinstance(info.get(k), str)]
+        return [info[k] for k in ("img_path", "seg_map_path") if isinstance(info.get(k), str)]
 
     def __getitem__(self, key):
         idx, seed = key if isinstance(key, tuple) else (key, None)
@@ -119,39 +120,45 @@ class CheckedDataset(Dataset):
             random.seed(seed)
         files = self._files(idx)
         for path in files:
-            if '://' in path:
+            if "://" in path:
                 continue
             if not osp.isfile(path):
-                raise DataError(f'{self.split} sample {idx}: file {path} does not exist')
-            if path.lower().endswith(('.jpg', '.jpeg')) and _jpeg_truncated(path):
-                raise DataError(f'{self.split} sample {idx}: {path} is a truncated JPEG (no end-of-image '
-                                'marker); re-copy or remove it')
+                raise DataError(f"{self.split} sample {idx}: file {path} does not exist")
+            if path.lower().endswith((".jpg", ".jpeg")) and _jpeg_truncated(path):
+                raise DataError(
+                    f"{self.split} sample {idx}: {path} is a truncated JPEG (no end-of-image "
+                    "marker); re-copy or remove it"
+                )
         try:
             data = self.dataset[idx]
         except DataError:
             raise
         except Exception as e:
-            raise DataError(f'{self.split} sample {idx} ({", ".join(files) or "no file name"}) could not be '
-                            f'loaded: {type(e).__name__}: {e}') from e
+            raise DataError(
+                f"{self.split} sample {idx} ({', '.join(files) or 'no file name'}) could not be "
+                f"loaded: {type(e).__name__}: {e}"
+            ) from e
         if self.num_classes is not None:
             self._check_labels(data, files)
         return data
 
     def _check_labels(self, data: dict, files: list[str]) -> None:
-        sample = data.get('data_samples')
-        seg = getattr(getattr(sample, 'gt_sem_seg', None), 'data', None)
+        sample = data.get("data_samples")
+        seg = getattr(getattr(sample, "gt_sem_seg", None), "data", None)
         if seg is None:
             return
         bad = (seg >= self.num_classes) & (seg != self.ignore_index)
         if bad.any():
             values = sorted({int(v) for v in seg[bad].unique()[:10]})
-            raise DataError(f'{self.split}: segmentation map {files[-1] if files else "?"} has labels {values} '
-                            f'(after reduce_zero_label / label_map) outside 0..{self.num_classes - 1} and not the '
-                            f'ignore index {self.ignore_index}: fix the map or the dataset classes')
+            raise DataError(
+                f"{self.split}: segmentation map {files[-1] if files else '?'} has labels {values} "
+                f"(after reduce_zero_label / label_map) outside 0..{self.num_classes - 1} and not the "
+                f"ignore index {self.ignore_index}: fix the map or the dataset classes"
+            )
 
 
 def _file_categories(coco) -> str:
-    return ', '.join(f"{cat['id']} {cat.get('name')!r}" for cat in coco.cats.values()) or 'none'
+    return ", ".join(f"{cat['id']} {cat.get('name')!r}" for cat in coco.cats.values()) or "none"
 
 
 def check_coco_file(coco, dataset, section: str, sections: tuple[str, ...]) -> None:
@@ -174,43 +181,59 @@ def check_coco_file(coco, dataset, section: str, sections: tuple[str, ...]) -> N
     if unknown:
         ann_ids: dict = {cid: [] for cid in unknown}
         for ann in coco.anns.values():
-            if ann.get('category_id') in unknown:
-                ann_ids[ann['category_id']].append(ann.get('id'))
-        desc = ', '.join(f'{cid} (annotation ids {ids[:5]}{"..." if len(ids) > 5 else ""})'
-                         for cid, ids in sorted(ann_ids.items(), key=str))
-        raise DataError(f"{section}: {ann_file} has annotations with category_id not listed in its 'categories' "
-                        f'{sorted(coco.cats)}: {desc}')
-    classes = tuple(dataset.metainfo.get('classes') or ())
-    names = [cat.get('name') for cat in coco.cats.values()]
+            if ann.get("category_id") in unknown:
+                ann_ids[ann["category_id"]].append(ann.get("id"))
+        desc = ", ".join(
+            f"{cid} (annotation ids {ids[:5]}{'...' if len(ids) > 5 else ''})"
+            for cid, ids in sorted(ann_ids.items(), key=str)
+        )
+        raise DataError(
+            f"{section}: {ann_file} has annotations with category_id not listed in its 'categories' "
+            f"{sorted(coco.cats)}: {desc}"
+        )
+    classes = tuple(dataset.metainfo.get("classes") or ())
+    names = [cat.get("name") for cat in coco.cats.values()]
     missing = [c for c in classes if c not in names]
     if len(missing) == len(classes):
         listed = repr(tuple(names))
-        value = listed if len(listed) <= 200 else 'NAMES'
-        override = ' '.join(f'"{s}.dataset.metainfo.classes={value}"' for s in sections)
-        spaces = any(' ' in str(n) for n in names)
+        value = listed if len(listed) <= 200 else "NAMES"
+        override = " ".join(f'"{s}.dataset.metainfo.classes={value}"' for s in sections)
+        spaces = any(" " in str(n) for n in names)
         raise DataError(
-            f'{section}: none of the config\'s classes {classes} is a category name of {ann_file}, whose '
-            f'categories (id name) are: {_file_categories(coco)}. mmdet keeps only the annotations of the classes '
-            f'named in metainfo.classes, so every image would be dropped. Set the classes to the names to train '
-            f'and evaluate on in every dataloader section (and the model heads\' num_classes to their number): '
-            f'--cfg-options {override}' + ('' if value == listed else f' with NAMES = {listed}')
-            + ('. mmengine\'s --cfg-options removes the spaces inside values: for names with spaces, put this in '
-               f'a config that inherits yours instead: metainfo = dict(classes={value}), and '
-               + ', '.join(f'{s} = dict(dataset=dict(metainfo=metainfo))' for s in sections) if spaces else ''))
+            f"{section}: none of the config's classes {classes} is a category name of {ann_file}, whose "
+            f"categories (id name) are: {_file_categories(coco)}. mmdet keeps only the annotations of the classes "
+            f"named in metainfo.classes, so every image would be dropped. Set the classes to the names to train "
+            f"and evaluate on in every dataloader section (and the model heads' num_classes to their number): "
+            f"--cfg-options {override}"
+            + ("" if value == listed else f" with NAMES = {listed}")
+            + (
+                ". mmengine's --cfg-options removes the spaces inside values: for names with spaces, put this in "
+                f"a config that inherits yours instead: metainfo = dict(classes={value}), and "
+                + ", ".join(f"{s} = dict(dataset=dict(metainfo=metainfo))" for s in sections)
+                if spaces
+                else ""
+            )
+        )
     if missing:
-        log.warning('%s: classes %s of the config are not category names of %s (its categories: %s); they '
-                    'have no annotations', section, missing, ann_file, _file_categories(coco))
+        log.warning(
+            "%s: classes %s of the config are not category names of %s (its categories: %s); they have no annotations",
+            section,
+            missing,
+            ann_file,
+            _file_categories(coco),
+        )
 
 
 def build_dataset(ds_cfg: dict, section: str, sections: tuple[str, ...]):
     """``DATASETS.build(ds_cfg)``; a COCO-format dataset is checked with ``check_coco_file`` on the index mmdet
     builds while it loads the file (one parse of the JSON), and the images ``filter_cfg`` dropped are logged."""
     from mmengine.registry import DATASETS  # the default scope routes to mmdet/mmseg's registry
+
     with DATASETS.switch_scope_and_registry(None) as registry:
-        cls = registry.get(ds_cfg['type']) if isinstance(ds_cfg.get('type'), str) else ds_cfg.get('type')
-    if not hasattr(cls, 'COCOAPI') or ds_cfg.get('lazy_init'):
+        cls = registry.get(ds_cfg["type"]) if isinstance(ds_cfg.get("type"), str) else ds_cfg.get("type")
+    if not hasattr(cls, "COCOAPI") or ds_cfg.get("lazy_init"):
         return DATASETS.build(ds_cfg)
-    dataset = DATASETS.build({**ds_cfg, 'lazy_init': True})
+    dataset = DATASETS.build({**ds_cfg, "lazy_init": True})
     read, n_images = dataset.COCOAPI, []
 
     def read_and_check(path):  # mmdet's load_data_list reads the file with ``self.COCOAPI(path)``
@@ -225,9 +248,15 @@ def build_dataset(ds_cfg: dict, section: str, sections: tuple[str, ...]):
     finally:
         del dataset.COCOAPI
     if n_images and not dataset.test_mode and len(dataset) < n_images[0]:
-        log.warning('%s: %d of %d images of %s skipped by filter_cfg=%s (no objects of the dataset classes, '
-                    'or smaller than min_size)', section, n_images[0] - len(dataset), n_images[0],
-                    dataset.ann_file, dict(dataset.filter_cfg or {}))
+        log.warning(
+            "%s: %d of %d images of %s skipped by filter_cfg=%s (no objects of the dataset classes, "
+            "or smaller than min_size)",
+            section,
+            n_images[0] - len(dataset),
+            n_images[0],
+            dataset.ann_file,
+            dict(dataset.filter_cfg or {}),
+        )
     return dataset
 
 
@@ -248,45 +277,50 @@ class MMDataModule(L.LightningDataModule):
 
     def section(self, split: str) -> dict:
         """The config's ``{split}_dataloader`` section (``split``: 'train', 'val' or 'test')."""
-        name = f'{split}_dataloader'
+        name = f"{split}_dataloader"
         if self.cfg.get(name) is None:
-            raise KeyError(f'the config has no {name} section')
+            raise KeyError(f"the config has no {name} section")
         return self.cfg[name]
 
     def dataset(self, split: str) -> Dataset:
         """The built dataset of a split (cached; also used for metainfo by the evaluator/visualizer)."""
         if split not in self._datasets:
-            ds_cfg = self.section(split)['dataset']
-            check_dataset_paths(ds_cfg, f'{split}_dataloader')
+            ds_cfg = self.section(split)["dataset"]
+            check_dataset_paths(ds_cfg, f"{split}_dataloader")
             register_scope(self.scope)
-            sections = tuple(f'{s}_dataloader' for s in SPLITS if self.cfg.get(f'{s}_dataloader') is not None)
-            self._datasets[split] = build_dataset(ds_cfg, f'{split}_dataloader', sections)
+            sections = tuple(f"{s}_dataloader" for s in SPLITS if self.cfg.get(f"{s}_dataloader") is not None)
+            self._datasets[split] = build_dataset(ds_cfg, f"{split}_dataloader", sections)
         return self._datasets[split]
 
     def _loader(self, split: str, cls=DataLoader, **batching) -> DataLoader:
         """A loader of ``split`` with the section's worker settings; ``batching`` is either ``shuffle``
         (+ ``sampler``) or ``batch_sampler``."""
         sec = self.section(split)
-        workers = sec.get('num_workers', 0)
-        if 'batch_sampler' not in batching:
-            batching.update(batch_size=sec.get('batch_size', 1), drop_last=sec.get('drop_last', False))
+        workers = sec.get("num_workers", 0)
+        if "batch_sampler" not in batching:
+            batching.update(batch_size=sec.get("batch_size", 1), drop_last=sec.get("drop_last", False))
         return cls(
-            CheckedDataset(self.dataset(split), split), num_workers=workers,
-            persistent_workers=bool(sec.get('persistent_workers')) and workers > 0,
-            pin_memory=sec.get('pin_memory', False), collate_fn=pseudo_collate, **batching)
+            CheckedDataset(self.dataset(split), split),
+            num_workers=workers,
+            persistent_workers=bool(sec.get("persistent_workers")) and workers > 0,
+            pin_memory=sec.get("pin_memory", False),
+            collate_fn=pseudo_collate,
+            **batching,
+        )
 
     def train_dataloader(self) -> DataLoader:
-        sec = self.section('train')
-        shuffle = (sec.get('sampler') or {}).get('shuffle', True)
+        sec = self.section("train")
+        shuffle = (sec.get("sampler") or {}).get("shuffle", True)
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        seed = int((self.cfg.get('randomness') or {}).get('seed') or 0)
-        sampler = ResumableSampler(self.dataset('train'), num_replicas=world, rank=rank, shuffle=shuffle,
-                                   seed=seed)
-        make_batches = build_batch_sampler(sec.get('batch_sampler'), sec.get('batch_size', 1),
-                                           sec.get('drop_last', False))
-        loader = self._loader('train', cls=ResumableDataLoader,
-                              batch_sampler=ResumableBatchSampler(sampler, make_batches))
+        seed = int((self.cfg.get("randomness") or {}).get("seed") or 0)
+        sampler = ResumableSampler(self.dataset("train"), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
+        make_batches = build_batch_sampler(
+            sec.get("batch_sampler"), sec.get("batch_size", 1), sec.get("drop_last", False)
+        )
+        loader = self._loader(
+            "train", cls=ResumableDataLoader, batch_sampler=ResumableBatchSampler(sampler, make_batches)
+        )
         if trainer is not None:
             loader.progress = lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return loader
@@ -300,14 +334,17 @@ class MMDataModule(L.LightningDataModule):
         # one rank; being a DistributedSampler, Lightning leaves it alone.
         dataset = self.dataset(split)
         if len(dataset) < trainer.world_size:
-            raise ValueError(f'{split} set has {len(dataset)} images for {trainer.world_size} processes; '
-                             'each needs at least one (the metric sync at epoch end would wait forever)')
-        sampler = UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size,
-                                               rank=trainer.global_rank, shuffle=False)
+            raise ValueError(
+                f"{split} set has {len(dataset)} images for {trainer.world_size} processes; "
+                "each needs at least one (the metric sync at epoch end would wait forever)"
+            )
+        sampler = UnrepeatedDistributedSampler(
+            dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
+        )
         return self._loader(split, shuffle=False, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader:
-        return self._eval_loader('val')
+        return self._eval_loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self._eval_loader('test')
+        return self._eval_loader("test")

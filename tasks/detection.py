@@ -17,21 +17,24 @@ class DetectionModule(MMTaskModule):
         init_weights: run the detector's ``init_weights()``; see ``MMTaskModule``.
     """
 
-    scope = 'mmdet'
+    scope = "mmdet"
 
     @staticmethod
     def models_registry() -> Registry:
         from mmdet.registry import MODELS
+
         return MODELS
 
     def build_evaluator(self) -> DetectionEvaluator:
         # Mask mAP when the model predicts masks (Mask R-CNN & co.), as CocoMetric(metric=['bbox', 'segm']).
-        return DetectionEvaluator(with_masks=getattr(self.model, 'with_mask', False))
+        return DetectionEvaluator(with_masks=getattr(self.model, "with_mask", False))
 
     def check_tta(self, tta: torch.nn.Module) -> None:
         from mmdet.models import DetTTAModel
-        if isinstance(tta, DetTTAModel) and getattr(self.model, 'with_mask', False):
+
+        if isinstance(tta, DetTTAModel) and getattr(self.model, "with_mask", False):
             raise ValueError(
                 f"--tta: mmdet's DetTTAModel merges boxes only (no instance masks), so it cannot test "
-                f'{type(self.model).__name__}, which predicts instance masks. Use --tta with box-only detectors '
-                '(the RetinaNet configs), or test this config without --tta.')
+                f"{type(self.model).__name__}, which predicts instance masks. Use --tta with box-only detectors "
+                "(the RetinaNet configs), or test this config without --tta."
+            )

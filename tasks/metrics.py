@@ -7,6 +7,7 @@ every validation step and ``compute()`` (on every rank: it syncs states across p
 ``per_class = {metric name: {class name: float | None}}`` (None: the class has no ground truth), plain Python
 values that JSON and ``torch.load(weights_only=True)`` accept.
 """
+
 import contextlib
 import io
 from typing import Any, Optional, Sequence
@@ -26,7 +27,7 @@ def _numpy(x: Any) -> np.ndarray:
 
 def _boxes_xywh(boxes: Any) -> np.ndarray:
     """(N, 4) float64 COCO ``[x, y, w, h]`` of mmdet ``HorizontalBoxes`` or an (N, 4) xyxy tensor / array."""
-    xyxy = _numpy(boxes.tensor if hasattr(boxes, 'tensor') else boxes).astype(np.float64).reshape(-1, 4)
+    xyxy = _numpy(boxes.tensor if hasattr(boxes, "tensor") else boxes).astype(np.float64).reshape(-1, 4)
     return np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], axis=1)
 
 
@@ -42,11 +43,11 @@ def encode_masks_transposed(masks: Any) -> tuple[list[bytes], list[int]]:
     transposed). Accepts a bool / 0-1 tensor or array (N, H, W), mmdet ``BitmapMasks`` or ``PolygonMasks``
     (rasterised, as mmdet's ``to_ndarray`` does).
     """
-    if hasattr(masks, 'to_ndarray'):  # mmdet BitmapMasks (uint8 0/1) / PolygonMasks (rasterised here)
+    if hasattr(masks, "to_ndarray"):  # mmdet BitmapMasks (uint8 0/1) / PolygonMasks (rasterised here)
         masks = masks.to_ndarray()
     array = _numpy(masks)
     if array.ndim != 3:
-        raise ValueError(f'masks must be (N, H, W), got shape {array.shape}')
+        raise ValueError(f"masks must be (N, H, W), got shape {array.shape}")
     size = [int(array.shape[2]), int(array.shape[1])]
     if len(array) == 0:
         return [], size
@@ -55,12 +56,12 @@ def encode_masks_transposed(masks: Any) -> tuple[list[bytes], list[int]]:
     elif array.dtype != np.uint8 or array.max() > 1:
         array = (array != 0).view(np.uint8)  # RLE runs toggle between 0 and 1 only
     array = np.ascontiguousarray(array)
-    return [rle['counts'] for rle in mask_utils.encode(array.transpose(2, 1, 0))], size
+    return [rle["counts"] for rle in mask_utils.encode(array.transpose(2, 1, 0))], size
 
 
 def _mask_areas(masks: Any) -> np.ndarray:
     # BitmapMasks: pixel count; PolygonMasks: polygon (shoelace) area, like COCO's float `area` of polygons
-    areas = masks.areas if hasattr(masks, 'areas') else _numpy(masks).reshape(len(masks), -1).sum(1)
+    areas = masks.areas if hasattr(masks, "areas") else _numpy(masks).reshape(len(masks), -1).sum(1)
     return np.asarray(areas, dtype=np.float64).reshape(-1)
 
 
@@ -68,19 +69,25 @@ def _mask_areas(masks: Any) -> np.ndarray:
 # image, the other numbers and the classwise table at 1000 (the same unless a model keeps more than 100).
 _MAX_DETS = [100, 300, 1000]
 # (suffix, IoU threshold index (None: all ten), area range index (all, small, medium, large), maxDets index)
-_AP_SELECTIONS = [('', None, 0, 0), ('_50', 0, 0, 2), ('_75', 5, 0, 2), ('_s', None, 1, 2), ('_m', None, 2, 2),
-                  ('_l', None, 3, 2)]
+_AP_SELECTIONS = [
+    ("", None, 0, 0),
+    ("_50", 0, 0, 2),
+    ("_75", 5, 0, 2),
+    ("_s", None, 1, 2),
+    ("_m", None, 2, 2),
+    ("_l", None, 3, 2),
+]
 
 
 def _average_precision(precision: np.ndarray, iou: Optional[int], area: int, max_dets: int) -> np.ndarray:
     """(K + 1,) APs of COCOeval's ``eval['precision']`` [T, R, K, A, M]: per category as mmdet's ``classwise``
     table computes them, then over all categories as ``COCOeval.summarize`` does (the mean of the entries
     that are not -1); NaN where there is no ground truth in that area range."""
-    p = precision[:, :, :, area, max_dets] if iou is None else precision[iou:iou + 1, :, :, area, max_dets]
+    p = precision[:, :, :, area, max_dets] if iou is None else precision[iou : iou + 1, :, :, area, max_dets]
     p = p.transpose(2, 0, 1).reshape(p.shape[2], -1)  # (K, T * R)
     valid = p > -1
     sums, counts = np.where(valid, p, 0).sum(1), valid.sum(1)
-    with np.errstate(invalid='ignore', divide='ignore'):
+    with np.errstate(invalid="ignore", divide="ignore"):
         return np.append(sums / counts, sums.sum() / counts.sum())
 
 
@@ -132,65 +139,78 @@ class DetectionEvaluator(Metric):
         self.with_masks = with_masks
         self.class_names = class_names
         # one dict of numpy arrays / RLE lists per image (plain objects: they stay on the CPU)
-        self.add_state('images', default=[], dist_reduce_fx=None)
+        self.add_state("images", default=[], dist_reduce_fx=None)
 
     def _apply(self, fn: Any, exclude_state: Sequence[str] = ()) -> Any:
         # Module.to / .cuda must not touch the per-image records (numpy and bytes, not tensors)
-        return super()._apply(fn, exclude_state=(*exclude_state, 'images'))
+        return super()._apply(fn, exclude_state=(*exclude_state, "images"))
 
     def update(self, data_samples: Sequence[Any]) -> None:  # type: ignore[override]
         for sample in data_samples:
             pred = sample.pred_instances
-            record = dict(dt_boxes=_boxes_xywh(pred.bboxes),
-                          dt_scores=_numpy(pred.scores).astype(np.float64).reshape(-1),
-                          dt_labels=_numpy(pred.labels).astype(np.int64).reshape(-1))
+            record = dict(
+                dt_boxes=_boxes_xywh(pred.bboxes),
+                dt_scores=_numpy(pred.scores).astype(np.float64).reshape(-1),
+                dt_labels=_numpy(pred.labels).astype(np.int64).reshape(-1),
+            )
             parts = [sample.gt_instances]
-            ignored = sample.get('ignored_instances')
-            if ignored is not None and 'labels' in ignored:
+            ignored = sample.get("ignored_instances")
+            if ignored is not None and "labels" in ignored:
                 parts.append(ignored)
             labels = [_numpy(p.labels).astype(np.int64).reshape(-1) for p in parts]
-            record['gt_boxes'] = np.concatenate([_boxes_xywh(p.bboxes) for p in parts])
-            record['gt_labels'] = np.concatenate(labels)
-            record['gt_crowd'] = np.concatenate([np.full(len(x), i) for i, x in enumerate(labels)])  # 1: ignored
-            if all('masks' in p for p in parts):
-                record['gt_areas'] = np.concatenate([_mask_areas(p.masks) for p in parts])
+            record["gt_boxes"] = np.concatenate([_boxes_xywh(p.bboxes) for p in parts])
+            record["gt_labels"] = np.concatenate(labels)
+            record["gt_crowd"] = np.concatenate([np.full(len(x), i) for i, x in enumerate(labels)])  # 1: ignored
+            if all("masks" in p for p in parts):
+                record["gt_areas"] = np.concatenate([_mask_areas(p.masks) for p in parts])
             else:
-                record['gt_areas'] = record['gt_boxes'][:, 2] * record['gt_boxes'][:, 3]
+                record["gt_areas"] = record["gt_boxes"][:, 2] * record["gt_boxes"][:, 3]
             if self.with_masks:
-                self._encode_masks(record, pred, parts, sample.metainfo.get('img_path', ''))
-            if 'size' not in record:  # box-only: the image size (unused by box COCOeval)
-                height, width = sample.metainfo.get('ori_shape', (0, 0))
-                record['size'] = [int(width), int(height)]
-            img_id = sample.metainfo.get('img_id', -1)
-            record['img_id'] = int(img_id) if isinstance(img_id, (int, np.integer)) else -1
+                self._encode_masks(record, pred, parts, sample.metainfo.get("img_path", ""))
+            if "size" not in record:  # box-only: the image size (unused by box COCOeval)
+                height, width = sample.metainfo.get("ori_shape", (0, 0))
+                record["size"] = [int(width), int(height)]
+            img_id = sample.metainfo.get("img_id", -1)
+            record["img_id"] = int(img_id) if isinstance(img_id, (int, np.integer)) else -1
             self.images.append(record)
 
     @staticmethod
     def _encode_masks(record: dict, pred: Any, parts: list, img_path: str) -> None:
-        if 'masks' not in pred or not all('masks' in p for p in parts):
-            raise ValueError(f'image {img_path}: DetectionEvaluator(with_masks=True) needs pred_instances.masks and '
-                             'gt masks; load them with LoadAnnotations(with_mask=True) in the test pipeline, or '
-                             'evaluate boxes only with with_masks=False')
-        record['dt_masks'], size = encode_masks_transposed(pred.masks)
+        if "masks" not in pred or not all("masks" in p for p in parts):
+            raise ValueError(
+                f"image {img_path}: DetectionEvaluator(with_masks=True) needs pred_instances.masks and "
+                "gt masks; load them with LoadAnnotations(with_mask=True) in the test pipeline, or "
+                "evaluate boxes only with with_masks=False"
+            )
+        record["dt_masks"], size = encode_masks_transposed(pred.masks)
         gt = [encode_masks_transposed(p.masks) for p in parts]
-        record['gt_masks'] = [c for counts, _ in gt for c in counts]
-        sizes = {tuple(s) for counts, s in [(record['dt_masks'], size), *gt] if counts}
+        record["gt_masks"] = [c for counts, _ in gt for c in counts]
+        sizes = {tuple(s) for counts, s in [(record["dt_masks"], size), *gt] if counts}
         if len(sizes) > 1:
-            raise ValueError(f'image {img_path}: masks of different sizes {sorted(sizes)} (transposed: W, H) in '
-                             'one sample; predictions and ground truth must both be at the original image scale')
-        record['size'] = list(sizes.pop()) if sizes else size  # [W, H] of the transposed masks
-        record['dt_mask_areas'] = (mask_utils.area([dict(size=record['size'], counts=c) for c in record['dt_masks']])
-                                   .astype(np.float64).reshape(-1) if record['dt_masks'] else np.zeros(0))
+            raise ValueError(
+                f"image {img_path}: masks of different sizes {sorted(sizes)} (transposed: W, H) in "
+                "one sample; predictions and ground truth must both be at the original image scale"
+            )
+        record["size"] = list(sizes.pop()) if sizes else size  # [W, H] of the transposed masks
+        record["dt_mask_areas"] = (
+            mask_utils.area([dict(size=record["size"], counts=c) for c in record["dt_masks"]])
+            .astype(np.float64)
+            .reshape(-1)
+            if record["dt_masks"]
+            else np.zeros(0)
+        )
 
     def compute(self) -> dict[str, Any]:  # type: ignore[override]
         images = self._dedup_and_sort_images()
-        labels = np.concatenate([np.zeros(0, np.int64)] + [r[k] for r in images for k in ('gt_labels', 'dt_labels')])
+        labels = np.concatenate([np.zeros(0, np.int64)] + [r[k] for r in images for k in ("gt_labels", "dt_labels")])
         if self.class_names is not None:
             num_classes = len(self.class_names)
             if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-                raise ValueError(f'DetectionEvaluator: label {int(labels.max())} outside the {num_classes} classes '
-                                 f'of class_names (first: {list(self.class_names[:3])}); the model\'s num_classes '
-                                 'and the dataset\'s metainfo classes must agree')
+                raise ValueError(
+                    f"DetectionEvaluator: label {int(labels.max())} outside the {num_classes} classes "
+                    f"of class_names (first: {list(self.class_names[:3])}); the model's num_classes "
+                    "and the dataset's metainfo classes must agree"
+                )
             cat_ids = list(range(num_classes))
             names = [str(n) for n in self.class_names]
         else:
@@ -199,16 +219,20 @@ class DetectionEvaluator(Metric):
 
         out: dict[str, Any] = {}
         per_class: dict[str, dict[str, Optional[float]]] = {}
-        for iou_type in ('bbox', 'segm') if self.with_masks else ('bbox',):
+        for iou_type in ("bbox", "segm") if self.with_masks else ("bbox",):
             precision = _coco_precision(images, cat_ids, iou_type)
             for suffix, iou, area, max_dets in _AP_SELECTIONS:
-                ap = (_average_precision(precision, iou, area, max_dets) if precision is not None
-                      else np.full(len(names) + 1, np.nan))
-                if iou_type == 'bbox' or suffix in ('', '_50', '_75'):
-                    out[f'{iou_type}_mAP{suffix}'] = float(ap[-1]) if np.isfinite(ap[-1]) else -1.0  # COCO's -1
-                per_class[f'{iou_type}_AP{suffix}'] = {
-                    n: (float(v) if np.isfinite(v) else None) for n, v in zip(names, ap[:-1], strict=True)}
-        out['per_class'] = per_class
+                ap = (
+                    _average_precision(precision, iou, area, max_dets)
+                    if precision is not None
+                    else np.full(len(names) + 1, np.nan)
+                )
+                if iou_type == "bbox" or suffix in ("", "_50", "_75"):
+                    out[f"{iou_type}_mAP{suffix}"] = float(ap[-1]) if np.isfinite(ap[-1]) else -1.0  # COCO's -1
+                per_class[f"{iou_type}_AP{suffix}"] = {
+                    n: (float(v) if np.isfinite(v) else None) for n, v in zip(names, ap[:-1], strict=True)
+                }
+        out["per_class"] = per_class
         return out
 
     def _dedup_and_sort_images(self) -> list[dict]:
@@ -216,8 +240,8 @@ class DetectionEvaluator(Metric):
         # ties between images by image order, so this makes results independent of update / rank order and
         # equal to the official evaluation (which sorts image ids).
         first: dict[int, int] = {}
-        keep = [k for k, r in enumerate(self.images) if r['img_id'] < 0 or first.setdefault(r['img_id'], k) == k]
-        keep.sort(key=lambda k: self.images[k]['img_id'])
+        keep = [k for k, r in enumerate(self.images) if r["img_id"] < 0 or first.setdefault(r["img_id"], k) == k]
+        keep.sort(key=lambda k: self.images[k]["img_id"])
         return [self.images[k] for k in keep]
 
     def _sync_dist(self, dist_sync_fn: Optional[Any] = None, process_group: Optional[Any] = None) -> None:
@@ -237,25 +261,37 @@ def _coco_precision(images: list[dict], cat_ids: list[int], iou_type: str) -> Op
     if not images or not cat_ids:
         return None
     gt_anns, dt_anns = [], []
-    segm = iou_type == 'segm'
+    segm = iou_type == "segm"
     for img, r in enumerate(images, start=1):
-        for k in range(len(r['gt_labels'])):
-            ann = dict(id=len(gt_anns) + 1, image_id=img, category_id=int(r['gt_labels'][k]),
-                       bbox=r['gt_boxes'][k].tolist(), area=float(r['gt_areas'][k]), iscrowd=int(r['gt_crowd'][k]))
+        for k in range(len(r["gt_labels"])):
+            ann = dict(
+                id=len(gt_anns) + 1,
+                image_id=img,
+                category_id=int(r["gt_labels"][k]),
+                bbox=r["gt_boxes"][k].tolist(),
+                area=float(r["gt_areas"][k]),
+                iscrowd=int(r["gt_crowd"][k]),
+            )
             if segm:
-                ann['segmentation'] = dict(size=r['size'], counts=r['gt_masks'][k])
+                ann["segmentation"] = dict(size=r["size"], counts=r["gt_masks"][k])
             gt_anns.append(ann)
-        for k in range(len(r['dt_labels'])):
-            ann = dict(id=len(dt_anns) + 1, image_id=img, category_id=int(r['dt_labels'][k]),
-                       score=float(r['dt_scores'][k]), iscrowd=0, bbox=r['dt_boxes'][k].tolist())
+        for k in range(len(r["dt_labels"])):
+            ann = dict(
+                id=len(dt_anns) + 1,
+                image_id=img,
+                category_id=int(r["dt_labels"][k]),
+                score=float(r["dt_scores"][k]),
+                iscrowd=0,
+                bbox=r["dt_boxes"][k].tolist(),
+            )
             if segm:  # mask results: areas from the masks (mmdet drops their boxes; segm COCOeval ignores them)
-                ann['segmentation'] = dict(size=r['size'], counts=r['dt_masks'][k])
-                ann['area'] = float(r['dt_mask_areas'][k])
+                ann["segmentation"] = dict(size=r["size"], counts=r["dt_masks"][k])
+                ann["area"] = float(r["dt_mask_areas"][k])
             else:
-                ann['area'] = float(r['dt_boxes'][k, 2] * r['dt_boxes'][k, 3])
+                ann["area"] = float(r["dt_boxes"][k, 2] * r["dt_boxes"][k, 3])
             dt_anns.append(ann)
     # RLE size [rows, cols] of the (transposed) masks
-    image_list = [dict(id=i, height=r['size'][0], width=r['size'][1]) for i, r in enumerate(images, start=1)]
+    image_list = [dict(id=i, height=r["size"][0], width=r["size"][1]) for i, r in enumerate(images, start=1)]
     categories = [dict(id=c, name=str(c)) for c in cat_ids]
     coco_gt = COCO(dict(images=image_list, annotations=gt_anns, categories=categories))
     coco_dt = COCO(dict(images=image_list, annotations=dt_anns, categories=categories))
@@ -265,7 +301,7 @@ def _coco_precision(images: list[dict], cat_ids: list[int], iou_type: str) -> Op
     with contextlib.redirect_stdout(io.StringIO()):
         coco_eval.evaluate()
         coco_eval.accumulate()
-    return coco_eval.eval['precision']
+    return coco_eval.eval["precision"]
 
 
 class SegmentationEvaluator(MulticlassJaccardIndex):
@@ -290,9 +326,10 @@ class SegmentationEvaluator(MulticlassJaccardIndex):
         kwargs: ``torchmetrics.Metric`` options.
     """
 
-    def __init__(self, num_classes: int, ignore_index: int = 255, class_names: Optional[Sequence[str]] = None,
-                 **kwargs: Any) -> None:
-        super().__init__(num_classes=num_classes, ignore_index=ignore_index, average='macro', **kwargs)
+    def __init__(
+        self, num_classes: int, ignore_index: int = 255, class_names: Optional[Sequence[str]] = None, **kwargs: Any
+    ) -> None:
+        super().__init__(num_classes=num_classes, ignore_index=ignore_index, average="macro", **kwargs)
         self.class_names = class_names
         self._per_class: Optional[dict[str, Tensor]] = None
 
@@ -308,26 +345,33 @@ class SegmentationEvaluator(MulticlassJaccardIndex):
         self._per_class = dict(IoU=tp / (gt_area + pred_area - tp), Acc=tp / gt_area)
         names = self.class_names if self.class_names is not None else [str(c) for c in range(self.num_classes)]
         if len(names) != self.num_classes:
-            raise ValueError(f'SegmentationEvaluator: {len(names)} class_names for num_classes={self.num_classes}; '
-                             "the decode head's num_classes and the dataset's metainfo classes must agree")
+            raise ValueError(
+                f"SegmentationEvaluator: {len(names)} class_names for num_classes={self.num_classes}; "
+                "the decode head's num_classes and the dataset's metainfo classes must agree"
+            )
         present = (gt_area > 0).tolist()
-        per_class = {metric: {str(n): (float(v) if p else None)
-                              for n, v, p in zip(names, values.tolist(), present, strict=True)}
-                     for metric, values in self._per_class.items()}
-        return {'mIoU': float(super().compute()), 'aAcc': float(tp.sum() / gt_area.sum()),
-                'mAcc': float(self._per_class['Acc'].nanmean()), 'per_class': per_class}
+        per_class = {
+            metric: {str(n): (float(v) if p else None) for n, v, p in zip(names, values.tolist(), present, strict=True)}
+            for metric, values in self._per_class.items()
+        }
+        return {
+            "mIoU": float(super().compute()),
+            "aAcc": float(tp.sum() / gt_area.sum()),
+            "mAcc": float(self._per_class["Acc"].nanmean()),
+            "per_class": per_class,
+        }
 
     def per_class_iou(self) -> Tensor:
         """Per-class IoU (NaN: class absent from prediction and ground truth) of the last ``compute()``."""
         if self._per_class is None:
-            raise RuntimeError('call compute() first')
-        return self._per_class['IoU']
+            raise RuntimeError("call compute() first")
+        return self._per_class["IoU"]
 
     def per_class_acc(self) -> Tensor:
         """Per-class accuracy (NaN: class absent from the ground truth) of the last ``compute()``."""
         if self._per_class is None:
-            raise RuntimeError('call compute() first')
-        return self._per_class['Acc']
+            raise RuntimeError("call compute() first")
+        return self._per_class["Acc"]
 
     def reset(self) -> None:
         super().reset()

@@ -25,18 +25,19 @@ from torch import nn
 from torch.optim import Optimizer
 
 # OptimWrapper keys that Lightning handles (see tasks/trainer.py), dropped before mmengine builds it.
-_LIGHTNING_OWNED = ('clip_grad', 'accumulative_counts', 'loss_scale', 'dtype', 'use_fsdp')
+_LIGHTNING_OWNED = ("clip_grad", "accumulative_counts", "loss_scale", "dtype", "use_fsdp")
 
 
 def build_optimizer(model: nn.Module, optim_wrapper_cfg: dict) -> Optimizer:
     """The ``torch.optim.Optimizer`` that mmengine builds from ``optim_wrapper`` (``paramwise_cfg`` included);
     the wrapper keys Lightning handles (clipping, accumulation, AMP) are dropped (see tasks/trainer.py)."""
     cfg = copy.deepcopy(dict(optim_wrapper_cfg))
-    if cfg.get('type', 'OptimWrapper') == 'AmpOptimWrapper':
+    if cfg.get("type", "OptimWrapper") == "AmpOptimWrapper":
         # AmpOptimWrapper asserts CUDA at construction; mixed precision is trainer.precision here.
-        rank_zero_warn("optim_wrapper.type='AmpOptimWrapper' is ignored: set trainer.precision='16-mixed' "
-                       "or 'bf16-mixed' instead.")
-    cfg['type'] = 'OptimWrapper'
+        rank_zero_warn(
+            "optim_wrapper.type='AmpOptimWrapper' is ignored: set trainer.precision='16-mixed' or 'bf16-mixed' instead."
+        )
+    cfg["type"] = "OptimWrapper"
     for key in _LIGHTNING_OWNED:
         cfg.pop(key, None)
     return build_optim_wrapper(model, cfg).optimizer
@@ -45,37 +46,47 @@ def build_optimizer(model: nn.Module, optim_wrapper_cfg: dict) -> Optimizer:
 def enable_auto_scale_lr(cfg: Config, config_path: str) -> None:
     """``--auto-scale-lr``: turn the config's ``auto_scale_lr`` on; a config without a base batch size is an
     error that says what to add."""
-    auto = cfg.get('auto_scale_lr') or {}
-    base = auto.get('base_batch_size')
+    auto = cfg.get("auto_scale_lr") or {}
+    base = auto.get("base_batch_size")
     if not isinstance(base, int) or isinstance(base, bool) or base <= 0:
         raise ValueError(
             f"--auto-scale-lr: {config_path} has no auto_scale_lr.base_batch_size (got auto_scale_lr={auto or None}). "
             "It is the total batch size (GPUs x images per GPU) the config's lr was set for, e.g. 16 for "
             "mmdet's COCO schedules: add auto_scale_lr = dict(base_batch_size=16) to the config or pass "
-            "--cfg-options auto_scale_lr.base_batch_size=16.")
-    cfg.merge_from_dict({'auto_scale_lr.enable': True})
+            "--cfg-options auto_scale_lr.base_batch_size=16."
+        )
+    cfg.merge_from_dict({"auto_scale_lr.enable": True})
 
 
-def scale_lr(optimizer: Optimizer, auto_scale_lr_cfg: dict | None, *, num_devices: int, num_nodes: int,
-             batch_size: int) -> None:
+def scale_lr(
+    optimizer: Optimizer, auto_scale_lr_cfg: dict | None, *, num_devices: int, num_nodes: int, batch_size: int
+) -> None:
     """mmengine's ``Runner.scale_lr``: when ``auto_scale_lr.enable``, multiply every parameter group's lr
     (and ``initial_lr``, which the schedules start from and checkpoints record) by the ratio of the real
     total batch size to ``auto_scale_lr.base_batch_size``. Logs one line with the values."""
-    if not auto_scale_lr_cfg or not auto_scale_lr_cfg.get('enable', False):
+    if not auto_scale_lr_cfg or not auto_scale_lr_cfg.get("enable", False):
         return
-    base = auto_scale_lr_cfg['base_batch_size']
+    base = auto_scale_lr_cfg["base_batch_size"]
     ratio = num_devices * num_nodes * batch_size / base
-    old = optimizer.param_groups[0]['lr']
+    old = optimizer.param_groups[0]["lr"]
     for group in optimizer.param_groups:
-        group['lr'] = group['lr'] * ratio
-        group['initial_lr'] = group['lr']
-    rank_zero_info(f"auto_scale_lr: lr {old:.6g} -> {optimizer.param_groups[0]['lr']:.6g} = {old:.6g} x "
-                   f"(devices {num_devices} x nodes {num_nodes} x batch_size {batch_size}) / "
-                   f"base_batch_size {base}")
+        group["lr"] = group["lr"] * ratio
+        group["initial_lr"] = group["lr"]
+    rank_zero_info(
+        f"auto_scale_lr: lr {old:.6g} -> {optimizer.param_groups[0]['lr']:.6g} = {old:.6g} x "
+        f"(devices {num_devices} x nodes {num_nodes} x batch_size {batch_size}) / "
+        f"base_batch_size {base}"
+    )
 
 
-def build_schedulers(optimizer: Optimizer, scheduler_cfgs: dict | list[dict] | None, *, max_epochs: int | None,
-                     max_steps: int, epoch_length: Callable[[], int]) -> list[dict]:
+def build_schedulers(
+    optimizer: Optimizer,
+    scheduler_cfgs: dict | list[dict] | None,
+    *,
+    max_epochs: int | None,
+    max_steps: int,
+    epoch_length: Callable[[], int],
+) -> list[dict]:
     """Return Lightning ``lr_scheduler`` config dicts, one per mm scheduler, in config order.
 
     ``end`` defaults to the run length as in mmengine's Runner; ``convert_to_iter_based=True`` needs the
@@ -88,16 +99,22 @@ def build_schedulers(optimizer: Optimizer, scheduler_cfgs: dict | list[dict] | N
     configs = []
     for cfg in scheduler_cfgs:
         cfg = copy.deepcopy(dict(cfg))
-        by_epoch = cfg.get('by_epoch', True)
-        if 'end' not in cfg:
+        by_epoch = cfg.get("by_epoch", True)
+        if "end" not in cfg:
             if by_epoch and max_epochs is not None and max_epochs > 0:
-                cfg['end'] = max_epochs
+                cfg["end"] = max_epochs
             elif not by_epoch and max_steps > 0:
-                cfg['end'] = max_steps
+                cfg["end"] = max_steps
         default_args = dict(optimizer=optimizer)
-        if cfg.get('convert_to_iter_based', False):
-            default_args['epoch_length'] = epoch_length()
+        if cfg.get("convert_to_iter_based", False):
+            default_args["epoch_length"] = epoch_length()
         scheduler = PARAM_SCHEDULERS.build(cfg, default_args=default_args)
-        configs.append(dict(scheduler=scheduler, interval='epoch' if scheduler.by_epoch else 'step',
-                            frequency=1, name=f'{type(scheduler).__name__}-{len(configs)}'))
+        configs.append(
+            dict(
+                scheduler=scheduler,
+                interval="epoch" if scheduler.by_epoch else "step",
+                frequency=1,
+                name=f"{type(scheduler).__name__}-{len(configs)}",
+            )
+        )
     return configs

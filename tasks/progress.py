@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar, TQDMProgressBar
 
-DESCRIPTION = 'Iter'
+DESCRIPTION = "Iter"
 
 
 def is_iteration_based(trainer_kwargs: dict) -> bool:
     """A run stopped by ``max_steps`` with no epoch limit (Lightning turns ``max_epochs=None`` into -1 then)."""
-    return (trainer_kwargs.get('max_steps') or -1) > 0 and trainer_kwargs.get('max_epochs') in (None, -1)
+    return (trainer_kwargs.get("max_steps") or -1) > 0 and trainer_kwargs.get("max_epochs") in (None, -1)
 
 
 class _CountsSteps:
@@ -61,10 +61,11 @@ class StepRichProgressBar(_CountsSteps, RichProgressBar):
     """``RichProgressBar`` counting ``global_step/max_steps``."""
 
     def _get_train_description(self, current_epoch: int) -> str:
-        return f'{DESCRIPTION:{len(self.validation_description)}}'  # padded as Lightning pads "Epoch N"
+        return f"{DESCRIPTION:{len(self.validation_description)}}"  # padded as Lightning pads "Epoch N"
 
 
 def step_progress_bar() -> ProgressBar:
     """The bar Lightning would pick by default (Rich if installed, else TQDM), counting steps."""
     from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+
     return StepRichProgressBar() if _RICH_AVAILABLE else StepTQDMProgressBar()

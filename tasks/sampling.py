@@ -47,9 +47,9 @@ def build_batch_sampler(spec: dict | None, batch_size: int, drop_last: bool) -> 
 
     def build(sampler):
         cfg = dict(spec)
-        for key, value in (('sampler', sampler), ('batch_size', batch_size), ('drop_last', drop_last)):
+        for key, value in (("sampler", sampler), ("batch_size", batch_size), ("drop_last", drop_last)):
             cfg.setdefault(key, value)
-        return build_from_registry(DATA_SAMPLERS, cfg, what='train_dataloader.batch_sampler')
+        return build_from_registry(DATA_SAMPLERS, cfg, what="train_dataloader.batch_sampler")
 
     return build
 
@@ -92,23 +92,34 @@ class ResumableDataLoader(DataLoader):
     def state_dict(self) -> dict:
         done = int(self.progress()) if self.progress is not None else 0
         batches = self.batch_sampler
-        return {'epoch': int(batches.sampler.epoch), 'batches': done, 'batch_size': batches.batch_size,
-                'batch_sampler': batches.kind}
+        return {
+            "epoch": int(batches.sampler.epoch),
+            "batches": done,
+            "batch_size": batches.batch_size,
+            "batch_sampler": batches.kind,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         batches = self.batch_sampler
-        if state.get('batch_size', batches.batch_size) != batches.batch_size:
-            raise ValueError(f"resuming mid-epoch needs the checkpoint's train batch size "
-                             f"({state['batch_size']}), got {batches.batch_size}")
+        if state.get("batch_size", batches.batch_size) != batches.batch_size:
+            raise ValueError(
+                f"resuming mid-epoch needs the checkpoint's train batch size "
+                f"({state['batch_size']}), got {batches.batch_size}"
+            )
         # Lightning creates the epoch's iterator before calling set_epoch when resuming: set it here.
-        if state['batches'] >= len(self):  # saved at the end of an epoch: the next one starts afresh
-            batches.sampler.set_epoch(state['epoch'] + 1)
+        if state["batches"] >= len(self):  # saved at the end of an epoch: the next one starts afresh
+            batches.sampler.set_epoch(state["epoch"] + 1)
             return
-        saved = state.get('batch_sampler', 'BatchSampler')  # checkpoints written before batch samplers counted
+        saved = state.get("batch_sampler", "BatchSampler")  # checkpoints written before batch samplers counted
         if saved != batches.kind:
-            hint = ('train_dataloader.batch_sampler=None' if saved == 'BatchSampler'
-                    else f"train_dataloader.batch_sampler.type={saved}")
-            raise ValueError(f'resuming mid-epoch needs the batching of the checkpoint ({saved}); this config '
-                             f'batches with {batches.kind}: pass --cfg-options {hint}')
-        batches.sampler.set_epoch(state['epoch'])
-        batches.skip, batches.skip_epoch = state['batches'], state['epoch']
+            hint = (
+                "train_dataloader.batch_sampler=None"
+                if saved == "BatchSampler"
+                else f"train_dataloader.batch_sampler.type={saved}"
+            )
+            raise ValueError(
+                f"resuming mid-epoch needs the batching of the checkpoint ({saved}); this config "
+                f"batches with {batches.kind}: pass --cfg-options {hint}"
+            )
+        batches.sampler.set_epoch(state["epoch"])
+        batches.skip, batches.skip_epoch = state["batches"], state["epoch"]

@@ -17,11 +17,12 @@ class SegmentationModule(MMTaskModule):
         init_weights: run the segmentor's ``init_weights()``; see ``MMTaskModule``.
     """
 
-    scope = 'mmseg'
+    scope = "mmseg"
 
     @staticmethod
     def models_registry() -> Registry:
         from mmseg.registry import MODELS
+
         return MODELS
 
     def build_evaluator(self) -> SegmentationEvaluator:

@@ -24,7 +24,7 @@ import tempfile
 import lightning as L
 import torch.distributed as dist
 
-COCO_PREFIX = 'results'  # -> results.bbox.json, results.segm.json
+COCO_PREFIX = "results"  # -> results.bbox.json, results.segm.json
 
 
 def _gather_to_rank0(items: list) -> list | None:
@@ -45,7 +45,7 @@ class SubmissionWriter(L.Callback):
     """
 
     def __init__(self, out_dir: str, scope: str):
-        if scope not in ('mmdet', 'mmseg'):
+        if scope not in ("mmdet", "mmseg"):
             raise ValueError(f"scope must be 'mmdet' or 'mmseg', got {scope!r}")
         self.out_dir = out_dir
         self.scope = scope
@@ -54,38 +54,46 @@ class SubmissionWriter(L.Callback):
         self.reduce_zero_label = False
 
     def on_test_start(self, trainer, pl_module) -> None:
-        dataset = trainer.datamodule.dataset('test')
+        dataset = trainer.datamodule.dataset("test")
         os.makedirs(self.out_dir, exist_ok=True)
-        self.tmp_dir = tempfile.mkdtemp(prefix=f'.partial-rank{trainer.global_rank}-', dir=self.out_dir)
-        if self.scope == 'mmdet':
+        self.tmp_dir = tempfile.mkdtemp(prefix=f".partial-rank{trainer.global_rank}-", dir=self.out_dir)
+        if self.scope == "mmdet":
             from mmdet.evaluation import CocoMetric
-            ann_file = getattr(dataset, 'ann_file', None)
+
+            ann_file = getattr(dataset, "ann_file", None)
             if not ann_file:
-                raise ValueError('--out-dir: the COCO results format takes its image and category ids from the '
-                                 'annotation file; test_dataloader.dataset has no ann_file')
-            iou_types = ['bbox', 'segm'] if getattr(pl_module.model, 'with_mask', False) else ['bbox']
-            self.metric = CocoMetric(ann_file=ann_file, metric=iou_types, format_only=True,
-                                     outfile_prefix=osp.join(self.tmp_dir, COCO_PREFIX))
+                raise ValueError(
+                    "--out-dir: the COCO results format takes its image and category ids from the "
+                    "annotation file; test_dataloader.dataset has no ann_file"
+                )
+            iou_types = ["bbox", "segm"] if getattr(pl_module.model, "with_mask", False) else ["bbox"]
+            self.metric = CocoMetric(
+                ann_file=ann_file,
+                metric=iou_types,
+                format_only=True,
+                outfile_prefix=osp.join(self.tmp_dir, COCO_PREFIX),
+            )
         else:
             from mmseg.evaluation import IoUMetric
+
             self.metric = IoUMetric(format_only=True, output_dir=self.tmp_dir)
-            self.reduce_zero_label = bool(getattr(dataset, 'reduce_zero_label', False))
+            self.reduce_zero_label = bool(getattr(dataset, "reduce_zero_label", False))
         self.metric.dataset_meta = dataset.metainfo
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         samples = [sample.cpu().to_dict() for sample in outputs]
-        if self.scope == 'mmseg':
+        if self.scope == "mmseg":
             for sample in samples:
                 # SegTTAModel's merged samples keep no metainfo, so IoUMetric would not undo reduce_zero_label
-                sample.setdefault('reduce_zero_label', self.reduce_zero_label)
+                sample.setdefault("reduce_zero_label", self.reduce_zero_label)
         self.metric.process({}, samples)
 
     def on_test_end(self, trainer, pl_module) -> None:
-        if self.scope == 'mmdet':
+        if self.scope == "mmdet":
             results = _gather_to_rank0(self.metric.results)
             if results is not None:
                 # in image id order, so that the files do not depend on the number of processes
-                results.sort(key=lambda gt_pred: gt_pred[1]['img_id'])
+                results.sort(key=lambda gt_pred: gt_pred[1]["img_id"])
                 self.metric.compute_metrics(results)  # format_only: writes the json files, returns {}
         for name in sorted(os.listdir(self.tmp_dir)):
             os.replace(osp.join(self.tmp_dir, name), osp.join(self.out_dir, name))

@@ -32,16 +32,16 @@ from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
 from .progress import is_iteration_based, step_progress_bar
 
-TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {'self'}
-CHECKPOINT_KEYS = frozenset(inspect.signature(ModelCheckpoint.__init__).parameters) - {'self'}
+TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
+CHECKPOINT_KEYS = frozenset(inspect.signature(ModelCheckpoint.__init__).parameters) - {"self"}
 # Set here from the work dir / CLI; objects cannot come from a config file anyway.
-_MANAGED = frozenset({'callbacks', 'plugins', 'default_root_dir'})
+_MANAGED = frozenset({"callbacks", "plugins", "default_root_dir"})
 
 
 def _check_keys(section: str, given, valid) -> None:
     unknown = sorted(set(given) - set(valid))
     if unknown:
-        raise ValueError(f'{section}: unknown key(s) {unknown}. Valid keys: {", ".join(sorted(valid))}')
+        raise ValueError(f"{section}: unknown key(s) {unknown}. Valid keys: {', '.join(sorted(valid))}")
 
 
 def _strategy(spec):
@@ -52,14 +52,14 @@ def _strategy(spec):
     kwargs = {}
     if isinstance(spec, dict):
         kwargs = dict(spec)
-        spec = kwargs.pop('type')
-        if isinstance(kwargs.get('timeout'), (int, float)):
-            kwargs['timeout'] = datetime.timedelta(seconds=kwargs['timeout'])
-    if spec in ('ddp', 'ddp_find_unused_parameters_true'):
-        kwargs.setdefault('find_unused_parameters', spec.endswith('_true'))
-        kwargs.setdefault('broadcast_buffers', False)
+        spec = kwargs.pop("type")
+        if isinstance(kwargs.get("timeout"), (int, float)):
+            kwargs["timeout"] = datetime.timedelta(seconds=kwargs["timeout"])
+    if spec in ("ddp", "ddp_find_unused_parameters_true"):
+        kwargs.setdefault("find_unused_parameters", spec.endswith("_true"))
+        kwargs.setdefault("broadcast_buffers", False)
         return DDPStrategy(**kwargs)
-    if spec == 'fsdp' and kwargs:
+    if spec == "fsdp" and kwargs:
         return FSDPStrategy(**kwargs)
     if kwargs:
         raise ValueError(f"trainer.strategy dict form supports type='ddp' or 'fsdp', got {spec!r}")
@@ -67,72 +67,75 @@ def _strategy(spec):
 
 
 def _uses_gpu(accelerator) -> bool:
-    return accelerator in ('gpu', 'cuda') or (accelerator == 'auto' and torch.cuda.is_available())
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
 
 def trainer_kwargs(cfg: Config) -> dict:
     """Resolved ``lightning.Trainer`` kwargs from the config (no callbacks / loggers / plugins)."""
-    kwargs = dict(cfg.get('trainer') or {})
-    _check_keys('trainer', kwargs, TRAINER_KEYS)
+    kwargs = dict(cfg.get("trainer") or {})
+    _check_keys("trainer", kwargs, TRAINER_KEYS)
     managed = sorted(_MANAGED & set(kwargs))
     if managed:
-        raise ValueError(f'trainer: {managed} are set by the tools (use --work-dir / checkpoint_callback)')
+        raise ValueError(f"trainer: {managed} are set by the tools (use --work-dir / checkpoint_callback)")
 
-    train_cfg = cfg.get('train_cfg') or {}
-    if 'max_epochs' not in kwargs and 'max_steps' not in kwargs:
-        if 'max_iters' in train_cfg:  # mm IterBasedTrainLoop
-            kwargs.update(max_steps=train_cfg['max_iters'], max_epochs=-1)
-            if train_cfg.get('val_interval'):
-                kwargs.setdefault('val_check_interval', train_cfg['val_interval'])
-                kwargs.setdefault('check_val_every_n_epoch', None)  # count the interval in global steps
-        elif 'max_epochs' in train_cfg:  # mm EpochBasedTrainLoop
-            kwargs['max_epochs'] = train_cfg['max_epochs']
-            kwargs.setdefault('check_val_every_n_epoch', train_cfg.get('val_interval', 1))
+    train_cfg = cfg.get("train_cfg") or {}
+    if "max_epochs" not in kwargs and "max_steps" not in kwargs:
+        if "max_iters" in train_cfg:  # mm IterBasedTrainLoop
+            kwargs.update(max_steps=train_cfg["max_iters"], max_epochs=-1)
+            if train_cfg.get("val_interval"):
+                kwargs.setdefault("val_check_interval", train_cfg["val_interval"])
+                kwargs.setdefault("check_val_every_n_epoch", None)  # count the interval in global steps
+        elif "max_epochs" in train_cfg:  # mm EpochBasedTrainLoop
+            kwargs["max_epochs"] = train_cfg["max_epochs"]
+            kwargs.setdefault("check_val_every_n_epoch", train_cfg.get("val_interval", 1))
 
-    optim_cfg = cfg.get('optim_wrapper') or {}
-    clip = dict(optim_cfg.get('clip_grad') or {})
-    if clip and 'gradient_clip_val' not in kwargs:
-        algorithm = clip.pop('type', 'norm')
-        if algorithm == 'norm':
-            if clip.get('norm_type', 2) != 2:
-                raise ValueError('optim_wrapper.clip_grad.norm_type must be 2 (Lightning clips the 2-norm)')
-            kwargs.update(gradient_clip_val=clip['max_norm'], gradient_clip_algorithm='norm')
+    optim_cfg = cfg.get("optim_wrapper") or {}
+    clip = dict(optim_cfg.get("clip_grad") or {})
+    if clip and "gradient_clip_val" not in kwargs:
+        algorithm = clip.pop("type", "norm")
+        if algorithm == "norm":
+            if clip.get("norm_type", 2) != 2:
+                raise ValueError("optim_wrapper.clip_grad.norm_type must be 2 (Lightning clips the 2-norm)")
+            kwargs.update(gradient_clip_val=clip["max_norm"], gradient_clip_algorithm="norm")
         else:
-            kwargs.update(gradient_clip_val=clip['clip_value'], gradient_clip_algorithm='value')
-    if optim_cfg.get('accumulative_counts', 1) > 1:
-        kwargs.setdefault('accumulate_grad_batches', optim_cfg['accumulative_counts'])
+            kwargs.update(gradient_clip_val=clip["clip_value"], gradient_clip_algorithm="value")
+    if optim_cfg.get("accumulative_counts", 1) > 1:
+        kwargs.setdefault("accumulate_grad_batches", optim_cfg["accumulative_counts"])
 
-    if 'strategy' in kwargs:
-        kwargs['strategy'] = _strategy(kwargs['strategy'])
-    if kwargs.get('use_distributed_sampler'):
-        raise ValueError('trainer.use_distributed_sampler=True: the data module shards every split itself '
-                         '(tasks/data.py); Lightning would replace the train batch sampler and its resumable order')
-    kwargs['use_distributed_sampler'] = False
-    if 'sync_batchnorm' not in kwargs:
+    if "strategy" in kwargs:
+        kwargs["strategy"] = _strategy(kwargs["strategy"])
+    if kwargs.get("use_distributed_sampler"):
+        raise ValueError(
+            "trainer.use_distributed_sampler=True: the data module shards every split itself "
+            "(tasks/data.py); Lightning would replace the train batch sampler and its resumable order"
+        )
+    kwargs["use_distributed_sampler"] = False
+    if "sync_batchnorm" not in kwargs:
         # mm configs ask for synchronised BN with norm_cfg type 'SyncBN'; honour it where it can run.
-        kwargs['sync_batchnorm'] = 'SyncBN' in str(cfg.model) and _uses_gpu(kwargs.get('accelerator', 'auto'))
+        kwargs["sync_batchnorm"] = "SyncBN" in str(cfg.model) and _uses_gpu(kwargs.get("accelerator", "auto"))
     return kwargs
 
 
 def checkpoint_callback(cfg: Config, work_dir: str) -> ModelCheckpoint:
     """The ``ModelCheckpoint`` of the config's ``checkpoint_callback`` section, writing into ``work_dir``:
     always ``last.ckpt`` (what ``--resume`` reads), and the best ones by ``monitor`` when it is set."""
-    kwargs = dict(cfg.get('checkpoint_callback') or {})
-    _check_keys('checkpoint_callback', kwargs, CHECKPOINT_KEYS)
-    kwargs.setdefault('dirpath', work_dir)
-    kwargs.setdefault('save_last', True)
-    kwargs.setdefault('enable_version_counter', False)  # last.ckpt is always the file --resume reads
-    if kwargs.get('monitor'):
-        kwargs.setdefault('mode', 'max')
-        kwargs.setdefault('filename', 'best_' + kwargs['monitor'].replace('/', '_') + '_{epoch}_{step}')
-        kwargs.setdefault('auto_insert_metric_name', False)
+    kwargs = dict(cfg.get("checkpoint_callback") or {})
+    _check_keys("checkpoint_callback", kwargs, CHECKPOINT_KEYS)
+    kwargs.setdefault("dirpath", work_dir)
+    kwargs.setdefault("save_last", True)
+    kwargs.setdefault("enable_version_counter", False)  # last.ckpt is always the file --resume reads
+    if kwargs.get("monitor"):
+        kwargs.setdefault("mode", "max")
+        kwargs.setdefault("filename", "best_" + kwargs["monitor"].replace("/", "_") + "_{epoch}_{step}")
+        kwargs.setdefault("auto_insert_metric_name", False)
     else:
-        kwargs.setdefault('save_top_k', 0)  # nothing to rank by: only last.ckpt
+        kwargs.setdefault("save_top_k", 0)  # nothing to rank by: only last.ckpt
     return ModelCheckpoint(**kwargs)
 
 
-def build_trainer(cfg: Config, work_dir: str, callbacks: Iterable[L.Callback] = (), for_test: bool = False,
-                  **overrides) -> L.Trainer:
+def build_trainer(
+    cfg: Config, work_dir: str, callbacks: Iterable[L.Callback] = (), for_test: bool = False, **overrides
+) -> L.Trainer:
     """Trainer with CSV + TensorBoard loggers and atomic checkpoints in ``work_dir``.
 
     Args:
@@ -150,20 +153,30 @@ def build_trainer(cfg: Config, work_dir: str, callbacks: Iterable[L.Callback] = 
     kwargs.update(overrides)
     callbacks = [*callbacks, SyncBuffers()]
     if for_test:
-        kwargs.setdefault('logger', False)
-        kwargs['enable_checkpointing'] = False
+        kwargs.setdefault("logger", False)
+        kwargs["enable_checkpointing"] = False
     else:
         callbacks += [RNGStates(), FiniteWeightsGuard()]
-        if kwargs.get('enable_checkpointing', True):
+        if kwargs.get("enable_checkpointing", True):
             callbacks.append(checkpoint_callback(cfg, work_dir))
-            every = cfg.get('checkpoint_every_n_steps')
+            every = cfg.get("checkpoint_every_n_steps")
             if every:
-                callbacks.append(ModelCheckpoint(dirpath=work_dir, save_last=True, save_top_k=0,
-                                                 every_n_train_steps=int(every), enable_version_counter=False))
-        if kwargs.get('logger', True) is True:
-            kwargs['logger'] = [CSVLogger(work_dir, name='logs'), TensorBoardLogger(work_dir, name='tb')]
-        if (is_iteration_based(kwargs) and kwargs.get('enable_progress_bar', True)
-                and not any(isinstance(c, ProgressBar) for c in callbacks)):
+                callbacks.append(
+                    ModelCheckpoint(
+                        dirpath=work_dir,
+                        save_last=True,
+                        save_top_k=0,
+                        every_n_train_steps=int(every),
+                        enable_version_counter=False,
+                    )
+                )
+        if kwargs.get("logger", True) is True:
+            kwargs["logger"] = [CSVLogger(work_dir, name="logs"), TensorBoardLogger(work_dir, name="tb")]
+        if (
+            is_iteration_based(kwargs)
+            and kwargs.get("enable_progress_bar", True)
+            and not any(isinstance(c, ProgressBar) for c in callbacks)
+        ):
             callbacks.append(step_progress_bar())  # counts iterations, not epochs of an endless loop
     os.makedirs(work_dir, exist_ok=True)
     return L.Trainer(default_root_dir=work_dir, callbacks=callbacks, plugins=[AtomicCheckpointIO()], **kwargs)

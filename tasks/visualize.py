@@ -32,26 +32,36 @@ class PredictionWriter(L.Callback):
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
-        meta = trainer.datamodule.dataset('test').metainfo
-        name = f'show-rank{trainer.global_rank}'
-        if self.scope == 'mmdet':
+        meta = trainer.datamodule.dataset("test").metainfo
+        name = f"show-rank{trainer.global_rank}"
+        if self.scope == "mmdet":
             from mmdet.visualization import DetLocalVisualizer
+
             self.visualizer = DetLocalVisualizer(name=name)
         else:
             from mmseg.visualization import SegLocalVisualizer
+
             self.visualizer = SegLocalVisualizer(name=name, alpha=1.0)  # alpha 1: the map, not a blend
         self.visualizer.dataset_meta = meta
 
-    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: list, batch: dict,
-                          batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_test_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: list,
+        batch: dict,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         for sample in outputs:
             sample = sample.cpu()
-            image = mmcv.imread(sample.img_path, channel_order='rgb')
+            image = mmcv.imread(sample.img_path, channel_order="rgb")
             stem = osp.splitext(osp.basename(sample.img_path))[0]
-            out_file = osp.join(self.out_dir, f'{stem}.png')
-            if self.scope == 'mmdet':
-                self.visualizer.add_datasample(stem, image, sample, draw_gt=False, out_file=out_file,
-                                               pred_score_thr=self.score_thr)
+            out_file = osp.join(self.out_dir, f"{stem}.png")
+            if self.scope == "mmdet":
+                self.visualizer.add_datasample(
+                    stem, image, sample, draw_gt=False, out_file=out_file, pred_score_thr=self.score_thr
+                )
             else:
                 # out_file=None: add_datasample leaves the drawing in the visualizer (no backends set)
                 self.visualizer.add_datasample(stem, image, sample, draw_gt=False, with_labels=True)

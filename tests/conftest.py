@@ -16,6 +16,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 @pytest.fixture(scope="session")
 def reference_dir():
     if not (GOLDEN_DATA / "official_keys.json").is_file():
-        pytest.fail(f"golden vectors not found in {GOLDEN_DATA}: they are part of the repository; restore them "
-                    "with `git checkout -- tests/data`")
+        pytest.fail(
+            f"golden vectors not found in {GOLDEN_DATA}: they are part of the repository; restore them "
+            "with `git checkout -- tests/data`"
+        )
     return GOLDEN_DATA

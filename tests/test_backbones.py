@@ -1,4 +1,5 @@
 """Backbone behaviour beyond the golden vectors: sizes, padding, freezing, input checks, checkpoints."""
+
 import argparse
 import math
 import os
@@ -9,10 +10,24 @@ import torch
 from backbones import CheckpointError, HATNet, STViT, load_pretrained
 from backbones.hatnet import Attention as HATAttention
 
-STVIT_T = dict(embed_dims=[32, 64, 128, 256], depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], n_iter=[1, 1, 1, 1],
-               stoken_size=[8, 4, 1, 1], layerscale=[False] * 4, init_values=1e-5)
-HATNET_T = dict(dims=[32, 64, 128, 256], head_dim=32, expansions=[4, 4, 4, 4], grid_sizes=[8, 7, 7, 1],
-                ds_ratios=[8, 4, 2, 1], depths=[1, 1, 2, 1], kernel_sizes=[3, 3, 3, 3])
+STVIT_T = dict(
+    embed_dims=[32, 64, 128, 256],
+    depths=[1, 1, 2, 1],
+    num_heads=[1, 2, 4, 8],
+    n_iter=[1, 1, 1, 1],
+    stoken_size=[8, 4, 1, 1],
+    layerscale=[False] * 4,
+    init_values=1e-5,
+)
+HATNET_T = dict(
+    dims=[32, 64, 128, 256],
+    head_dim=32,
+    expansions=[4, 4, 4, 4],
+    grid_sizes=[8, 7, 7, 1],
+    ds_ratios=[8, 4, 2, 1],
+    depths=[1, 1, 2, 1],
+    kernel_sizes=[3, 3, 3, 3],
+)
 SHRUNK = [(STViT, STVIT_T), (HATNet, HATNET_T)]
 
 
@@ -48,14 +63,22 @@ def _naive_hat_attention(m: HATAttention, x):
     grid = torch.zeros(nh, hd, H, W)
     for i in range(0, H, g):
         for j in range(0, W, g):
-            qs, ks, vs = (t[:, :, i:i + g, j:j + g].flatten(2) for t in (q, k, v))  # (nh, hd, n)
+            qs, ks, vs = (t[:, :, i : i + g, j : j + g].flatten(2) for t in (q, k, v))  # (nh, hd, n)
             attn = (qs.transpose(1, 2) @ ks * m.scale).softmax(-1)
-            grid[:, :, i:i + g, j:j + g] = (vs @ attn.transpose(1, 2)).reshape(nh, hd, *qs.shape[-1:]).reshape(
-                nh, hd, min(g, H - i), min(g, W - j))
+            grid[:, :, i : i + g, j : j + g] = (
+                (vs @ attn.transpose(1, 2))
+                .reshape(nh, hd, *qs.shape[-1:])
+                .reshape(nh, hd, min(g, H - i), min(g, W - j))
+            )
     grid_x = m.grid_norm(x + grid.reshape(1, C, H, W))
     r = m.ds_ratio
-    pooled = torch.stack([torch.stack([grid_x[0, :, a:a + r, b:b + r].mean((1, 2)) for b in range(0, W, r)], -1)
-                          for a in range(0, H, r)], -2)[None]
+    pooled = torch.stack(
+        [
+            torch.stack([grid_x[0, :, a : a + r, b : b + r].mean((1, 2)) for b in range(0, W, r)], -1)
+            for a in range(0, H, r)
+        ],
+        -2,
+    )[None]
     kk, vv = m.kv(m.ds_norm(pooled)).reshape(2, nh, hd, -1)
     qq = m.q(grid_x).reshape(nh, hd, H * W)
     glob = vv @ (kk.transpose(1, 2) @ qq * m.scale).softmax(1)
@@ -103,8 +126,9 @@ def test_frozen_stages_and_norm_eval(cls, arch):
         if "proj_norm" in name:  # unused by the official forward: always frozen
             assert not p.requires_grad
             continue
-        trainable_stage = name.startswith(("layers.2.blocks", "layers.3", "blocks.2", "blocks.3", "ds3", "ds4",
-                                           "layers.1.downsample"))
+        trainable_stage = name.startswith(
+            ("layers.2.blocks", "layers.3", "blocks.2", "blocks.3", "ds3", "ds4", "layers.1.downsample")
+        )
         assert p.requires_grad == (id(p) not in frozen), name
         if name.startswith(("patch_embed", "layers.0", "blocks.0", "blocks.1", "ds2")):
             assert not p.requires_grad, name
@@ -133,12 +157,26 @@ def _official_file(model, path, **extra):
     """A checkpoint laid out like the released ones (DeiT training script)."""
     sd = dict(model.state_dict())
     if model.family == "stvit":
-        sd.update({"proj.weight": torch.zeros(8, model.stage_channels[-1], 1, 1), "head.weight": torch.zeros(3, 8),
-                   "layers.0.blocks.0.attn.unfold.weights": torch.eye(9).reshape(9, 1, 3, 3)})
+        sd.update(
+            {
+                "proj.weight": torch.zeros(8, model.stage_channels[-1], 1, 1),
+                "head.weight": torch.zeros(3, 8),
+                "layers.0.blocks.0.attn.unfold.weights": torch.eye(9).reshape(9, 1, 3, 3),
+            }
+        )
     else:
         sd["classifier.1.weight"] = torch.zeros(3, model.stage_channels[-1])
-    torch.save({"model": sd, "optimizer": {"state": {}, "param_groups": []}, "epoch": 299, "max_accuracy": 80.1,
-                "args": argparse.Namespace(model="stvit_small", lr=1e-3, drop_path=0.1), **extra}, path)
+    torch.save(
+        {
+            "model": sd,
+            "optimizer": {"state": {}, "param_groups": []},
+            "epoch": 299,
+            "max_accuracy": 80.1,
+            "args": argparse.Namespace(model="stvit_small", lr=1e-3, drop_path=0.1),
+            **extra,
+        },
+        path,
+    )
     return path
 
 
@@ -171,8 +209,13 @@ def test_wrong_family_and_variant_are_named(tmp_path):
 
 def test_detector_checkpoint_and_prefix():
     src = HATNet(HATNET_T)
-    det = {"state_dict": {**{f"backbone.{k}": v for k, v in src.state_dict().items()},
-                          "neck.lateral_convs.0.conv.weight": torch.zeros(1)}, "meta": {}}
+    det = {
+        "state_dict": {
+            **{f"backbone.{k}": v for k, v in src.state_dict().items()},
+            "neck.lateral_convs.0.conv.weight": torch.zeros(1),
+        },
+        "meta": {},
+    }
     rep = load_pretrained(HATNet(HATNET_T), det)
     assert len(rep.loaded) == len(src.state_dict())
     lightning = {"state_dict": {f"model.backbone.{k}": v for k, v in src.state_dict().items()}}
@@ -213,12 +256,14 @@ def test_norm_out_layers_are_new():
     assert model.out_norms[2].weight.grad is not None
 
 
-@pytest.mark.parametrize("cls,arch,size", [(STViT, STVIT_T, (333, 517)), (HATNet, HATNET_T, (448, 672))],
-                         ids=["stvit", "hatnet"])
+@pytest.mark.parametrize(
+    "cls,arch,size", [(STViT, STVIT_T, (333, 517)), (HATNet, HATNET_T, (448, 672))], ids=["stvit", "hatnet"]
+)
 def test_fast_modules_equal_literal_reference(cls, arch, size):
     """Forward and gradients of the fast paths equal the plain formulation (fast paths off)."""
     from tests._fast_vs_plain import outputs_and_grads
     from tests.test_golden import assert_close  # tolerance relative to each tensor's scale
+
     torch.manual_seed(0)
     model = cls(arch).eval()
     outs, ref_outs, grads = outputs_and_grads(model, torch.randn(1, 3, *size))

@@ -1,4 +1,5 @@
 """tools/benchmark.py: what its tables print is computed from the models it names, on small inputs."""
+
 import math
 
 import pytest
@@ -7,15 +8,15 @@ import backbones
 
 from ._tools import load_tool
 
-benchmark = load_tool('benchmark')
+benchmark = load_tool("benchmark")
 
 
 def _args(*argv):
-    return benchmark.parse_args(['--repeat', '1', '--warmup', '0', *argv])
+    return benchmark.parse_args(["--repeat", "1", "--warmup", "0", *argv])
 
 
 def test_defaults_follow_the_mode():
-    plain, throughput = benchmark.parse_args([]), benchmark.parse_args(['--throughput'])
+    plain, throughput = benchmark.parse_args([]), benchmark.parse_args(["--throughput"])
     assert (plain.size, plain.batch) == ((448, 672), 1)
     assert (throughput.size, throughput.batch) == ((224, 224), 64)
 
@@ -24,38 +25,38 @@ def test_compare_times_every_baseline_and_counts_the_model_math():
     # 256x256: STViT's stage 3 has 256 tokens, so its attention takes the oneDNN kernel that the flop
     # counter cannot see (7 % of the MACs at this size); the count, on the plain path, must still equal the
     # reference's (the same backbone on its plain path).
-    rows = {r['model']: r for r in benchmark.run(_args('--size', '256x256', '--compare', '--no-memory'))}
-    assert set(rows) == {'ours', *benchmark.BASELINES}
-    ours, ref = rows['ours'], rows['reference']
-    assert ours['gmacs'] == ref['gmacs']
-    assert ours['params_m'] == ref['params_m']
-    assert ours['gmacs'] > 4.31 * (256 / 224) ** 2 * 0.9  # at least the 224x224 backbone count, scaled
-    assert all(r['seconds'] > 0 for r in rows.values())
-    assert ours['speedup_vs_reference'] == pytest.approx(ref['seconds'] / ours['seconds'])
-    assert rows['swin-t']['params_m'] == pytest.approx(27.5, abs=0.5)  # mmdet's Swin-T backbone
+    rows = {r["model"]: r for r in benchmark.run(_args("--size", "256x256", "--compare", "--no-memory"))}
+    assert set(rows) == {"ours", *benchmark.BASELINES}
+    ours, ref = rows["ours"], rows["reference"]
+    assert ours["gmacs"] == ref["gmacs"]
+    assert ours["params_m"] == ref["params_m"]
+    assert ours["gmacs"] > 4.31 * (256 / 224) ** 2 * 0.9  # at least the 224x224 backbone count, scaled
+    assert all(r["seconds"] > 0 for r in rows.values())
+    assert ours["speedup_vs_reference"] == pytest.approx(ref["seconds"] / ours["seconds"])
+    assert rows["swin-t"]["params_m"] == pytest.approx(27.5, abs=0.5)  # mmdet's Swin-T backbone
     # counting switched the CPU-only kernels off only while counting
     assert backbones.fast_paths_enabled()
 
 
 def test_peak_memory_is_measured_in_a_child_process():
-    peak = benchmark.peak_memory_gib('ours', _args('--size', '64x64'))
+    peak = benchmark.peak_memory_gib("ours", _args("--size", "64x64"))
     assert 0.1 < peak < 24
 
 
 def test_throughput_table_has_every_variant_and_the_paper_figures_only_at_224():
-    lines = benchmark.throughput_table(_args('--throughput', '--batch', '2', '--size', '64x64')).splitlines()[2:]
-    cells = [[c.strip() for c in line.strip('|').split('|')] for line in lines]
-    assert [c[0] for c in cells] == ['stvit-small', 'stvit-base', 'stvit-large']
-    assert all(float(c[5]) > 0 and c[6] == 'n/a' for c in cells)
+    lines = benchmark.throughput_table(_args("--throughput", "--batch", "2", "--size", "64x64")).splitlines()[2:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    assert [c[0] for c in cells] == ["stvit-small", "stvit-base", "stvit-large"]
+    assert all(float(c[5]) > 0 and c[6] == "n/a" for c in cells)
 
 
 def test_variants_table_matches_the_papers_parameter_counts():
     lines = benchmark.variants_table().splitlines()[2:]
     assert len(lines) == len(benchmark.PAPER)
     for line in lines:
-        name, _, _, ours_with_head, paper = [c.strip() for c in line.strip('|').split('|')]
-        params, gmacs = map(float, ours_with_head.split(' / '))
-        paper_params, paper_gmacs = map(float, paper.split(' / '))
+        name, _, _, ours_with_head, paper = [c.strip() for c in line.strip("|").split("|")]
+        params, gmacs = map(float, ours_with_head.split(" / "))
+        paper_params, paper_gmacs = map(float, paper.split(" / "))
         assert math.isclose(params, paper_params, rel_tol=0.03), name
         assert math.isclose(gmacs, paper_gmacs, rel_tol=0.1), name
 
@@ -63,8 +64,9 @@ def test_variants_table_matches_the_papers_parameter_counts():
 def test_compiled_backbone_matches_eager():
     # --compile: inductor on CPU. HAT-Net-T at 64x64 compiles in ~35 s here (STViT-S takes ~12 min: README).
     import torch
-    args = _args('--family', 'hatnet', '--arch', 'tiny', '--size', '64x64', '--mode', 'infer', '--compile')
-    model, x = benchmark._model_and_input('ours', args)
+
+    args = _args("--family", "hatnet", "--arch", "tiny", "--size", "64x64", "--mode", "infer", "--compile")
+    model, x = benchmark._model_and_input("ours", args)
     with torch.no_grad():
         eager = model.eval()(x)
         outs = benchmark.compiled(model, x, args)(x)
@@ -73,32 +75,34 @@ def test_compiled_backbone_matches_eager():
 
 
 def test_scaling_times_every_model_at_every_size_and_plots_each_curve(tmp_path):
-    sizes = ('64x96', '224x224')
+    sizes = ("64x96", "224x224")
     import torch
-    args = _args('--scaling', '--sizes', *sizes, '--arch', 'shrunk', '--no-memory')
+
+    args = _args("--scaling", "--sizes", *sizes, "--arch", "shrunk", "--no-memory")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 12 short steps: two threads' barriers cost more than they share on a busy machine
     try:
         rows = benchmark.scaling(args)
     finally:
         torch.set_num_threads(threads)
-    labels = [label if name == 'swin-t' else f'{label} [shrunk]' for label, name, *_ in benchmark.SCALING_MODELS]
-    assert [(r['model'], r['size']) for r in rows] == [(m, s) for s in sizes for m in labels]
-    by = {(r['model'], r['size']): r for r in rows}
+    labels = [label if name == "swin-t" else f"{label} [shrunk]" for label, name, *_ in benchmark.SCALING_MODELS]
+    assert [(r["model"], r["size"]) for r in rows] == [(m, s) for s in sizes for m in labels]
+    by = {(r["model"], r["size"]): r for r in rows}
     # the reference HAT-Net, like the official code, needs stage maps that divide by its grids (224x224 does)
-    unrunnable = by['reference HAT-Net-S [shrunk]', '64x96']
-    assert unrunnable['seconds'] is None and unrunnable['note'].startswith('cannot run')
-    assert all(r['seconds'] > 0 for r in rows if r is not unrunnable)
+    unrunnable = by["reference HAT-Net-S [shrunk]", "64x96"]
+    assert unrunnable["seconds"] is None and unrunnable["note"].startswith("cannot run")
+    assert all(r["seconds"] > 0 for r in rows if r is not unrunnable)
     table = benchmark.scaling_tables(rows).splitlines()
-    assert table[0] == '| s/iter (train step) | 64x96 | 224x224 |'
+    assert table[0] == "| s/iter (train step) | 64x96 | 224x224 |"
     for label in labels:
-        cells = next(line for line in table if line.startswith(f'| {label} |')).strip('|').split('|')
-        assert [float(c) > 0 for c in cells[1:] if c.strip() != 'n/a'], label
-    fig = benchmark.scaling_plot(rows, tmp_path / 'scaling.png')
+        cells = next(line for line in table if line.startswith(f"| {label} |")).strip("|").split("|")
+        assert [float(c) > 0 for c in cells[1:] if c.strip() != "n/a"], label
+    fig = benchmark.scaling_plot(rows, tmp_path / "scaling.png")
     time_axes, memory_axes = fig.axes
     points = {line.get_label(): len(line.get_xdata()) for line in time_axes.get_lines()}
     assert {label: points[label] for label in labels} == {
-        label: 1 if label.startswith('reference HAT-Net') else 2 for label in labels}
-    assert time_axes.get_xscale() == time_axes.get_yscale() == 'log'
+        label: 1 if label.startswith("reference HAT-Net") else 2 for label in labels
+    }
+    assert time_axes.get_xscale() == time_axes.get_yscale() == "log"
     assert not memory_axes.get_lines()  # --no-memory: nothing drawn there
-    assert (tmp_path / 'scaling.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -16,7 +16,7 @@ TIMEOUT = 240
 
 # Runs tools/train.py's main with a callback that hashes each rank's parameters and buffers once
 # training ended (after the last validation). Lightning's DDP launcher re-runs this file per rank.
-DRIVER = '''
+DRIVER = """
 import hashlib, importlib.util, os, sys
 import lightning as L
 spec = importlib.util.spec_from_file_location('train_tool', os.path.join({repo!r}, 'tools', 'train.py'))
@@ -33,39 +33,42 @@ class WeightHash(L.Callback):
             f.write(h.hexdigest())
 
 train.main(sys.argv[1:], callbacks=[WeightHash()])
-'''
+"""
 
 
 def free_port():
     with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
+        s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def env(**extra):
     # one thread per process: the test machines have few cores and two ranks share them
-    return {**os.environ, 'OMP_NUM_THREADS': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(free_port()),
-            **extra}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **extra}
 
 
 def run(cmd, timeout=TIMEOUT, **kwargs):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, **kwargs)
-    assert proc.returncode == 0, f'{cmd}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}'
+    assert proc.returncode == 0, f"{cmd}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     return proc
 
 
 def data_opts(root, dataset):
     opts = []
-    for split in ('train', 'val', 'test'):
-        opts += [f'{split}_dataloader.dataset.data_root={root}/{dataset}/', f'{split}_dataloader.num_workers=0']
-    return opts + ['train_dataloader.batch_size=2', 'trainer.enable_progress_bar=False',
-                   'trainer.enable_model_summary=False', 'trainer.accelerator=cpu']
+    for split in ("train", "val", "test"):
+        opts += [f"{split}_dataloader.dataset.data_root={root}/{dataset}/", f"{split}_dataloader.num_workers=0"]
+    return opts + [
+        "train_dataloader.batch_size=2",
+        "trainer.enable_progress_bar=False",
+        "trainer.enable_model_summary=False",
+        "trainer.accelerator=cpu",
+    ]
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    tiny = load_tool('make_tiny_data')
-    out = tmp_path_factory.mktemp('data')
+    tiny = load_tool("make_tiny_data")
+    out = tmp_path_factory.mktemp("data")
     # 5 val images over 2 ranks: 3 + 2 batches, so uneven validation must neither hang nor double count
     tiny.make_coco(out, num_train=4, num_val=3, seed=0)
     tiny.make_ade20k(out, num_train=8, num_val=5, seed=0)
@@ -73,34 +76,88 @@ def data_dir(tmp_path_factory):
 
 
 def test_ddp_two_processes_same_weights_and_metrics_as_one(data_dir, tmp_path):
-    driver = tmp_path / 'driver.py'
+    driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(repo=REPO, out=str(tmp_path)))
-    opts = [*data_opts(data_dir, 'tiny_ade20k'), 'trainer.max_steps=2', 'trainer.val_check_interval=2']
-    work = tmp_path / 'ddp'
-    run([sys.executable, str(driver), SEG_CFG, '--work-dir', str(work), '--cfg-options', *opts,
-         'trainer.devices=2', 'trainer.strategy=ddp'], env=env())
-    hashes = [(tmp_path / f'weights_rank{r}.sha256').read_text() for r in (0, 1)]
-    assert hashes[0] == hashes[1], 'ranks diverged'
-    ddp_metrics = json.loads((work / 'metrics.json').read_text())
+    opts = [*data_opts(data_dir, "tiny_ade20k"), "trainer.max_steps=2", "trainer.val_check_interval=2"]
+    work = tmp_path / "ddp"
+    run(
+        [
+            sys.executable,
+            str(driver),
+            SEG_CFG,
+            "--work-dir",
+            str(work),
+            "--cfg-options",
+            *opts,
+            "trainer.devices=2",
+            "trainer.strategy=ddp",
+        ],
+        env=env(),
+    )
+    hashes = [(tmp_path / f"weights_rank{r}.sha256").read_text() for r in (0, 1)]
+    assert hashes[0] == hashes[1], "ranks diverged"
+    ddp_metrics = json.loads((work / "metrics.json").read_text())
 
     # the checkpoint evaluated by one process: every val image counted once in both cases
-    out = tmp_path / 'single.json'
-    run([sys.executable, 'tools/test.py', SEG_CFG, str(work / 'last.ckpt'), '--work-dir', str(tmp_path),
-         '--out', str(out), '--cfg-options', *opts, 'trainer.devices=1'], env=env())
+    out = tmp_path / "single.json"
+    run(
+        [
+            sys.executable,
+            "tools/test.py",
+            SEG_CFG,
+            str(work / "last.ckpt"),
+            "--work-dir",
+            str(tmp_path),
+            "--out",
+            str(out),
+            "--cfg-options",
+            *opts,
+            "trainer.devices=1",
+        ],
+        env=env(),
+    )
     single = json.loads(out.read_text())
-    assert set(single) == set(ddp_metrics) >= {'mIoU', 'aAcc', 'mAcc'}
+    assert set(single) == set(ddp_metrics) >= {"mIoU", "aAcc", "mAcc"}
     assert flat_metrics(single) == pytest.approx(flat_metrics(ddp_metrics), abs=1e-6, nan_ok=True)
 
 
 def test_two_nodes_torchrun_localhost(data_dir, tmp_path):
     port = str(free_port())
-    opts = [*data_opts(data_dir, 'tiny_coco'), 'trainer.num_nodes=2', 'trainer.devices=1', 'trainer.strategy=ddp',
-            'trainer.max_epochs=1', 'trainer.limit_train_batches=1', 'trainer.check_val_every_n_epoch=1']
-    procs = [subprocess.Popen(
-        [sys.executable, '-m', 'torch.distributed.run', '--nnodes=2', '--nproc_per_node=1', f'--node_rank={rank}',
-         '--master_addr=127.0.0.1', f'--master_port={port}', 'tools/train.py', DET_CFG,
-         '--work-dir', str(tmp_path / f'node{rank}'), '--cfg-options', *opts],
-        cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    opts = [
+        *data_opts(data_dir, "tiny_coco"),
+        "trainer.num_nodes=2",
+        "trainer.devices=1",
+        "trainer.strategy=ddp",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=1",
+        "trainer.check_val_every_n_epoch=1",
+    ]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={rank}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                "tools/train.py",
+                DET_CFG,
+                "--work-dir",
+                str(tmp_path / f"node{rank}"),
+                "--cfg-options",
+                *opts,
+            ],
+            cwd=REPO,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     try:
         logs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
     finally:
@@ -108,29 +165,52 @@ def test_two_nodes_torchrun_localhost(data_dir, tmp_path):
             if p.poll() is None:
                 p.kill()
     for rank, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f'node {rank}:\n{log[-6000:]}'
-    assert 'bbox_mAP' in json.loads((tmp_path / 'node0' / 'metrics.json').read_text())
-    assert osp.isfile(tmp_path / 'node0' / 'last.ckpt')
+        assert p.returncode == 0, f"node {rank}:\n{log[-6000:]}"
+    assert "bbox_mAP" in json.loads((tmp_path / "node0" / "metrics.json").read_text())
+    assert osp.isfile(tmp_path / "node0" / "last.ckpt")
 
 
 def test_test_tool_tta_slide_and_submission_files_each_image_once(data_dir, tmp_path):
     """tools/test.py under 2 processes (3 images: 2 + 1) gives one process's metrics and files: segmentation
     with --tta and sliding-window inference, and --format-only on an image-info-only COCO set."""
-    test = load_tool('test')
-    image_info = write_image_info(osp.join(data_dir, 'tiny_coco'))
+    test = load_tool("test")
+    image_info = write_image_info(osp.join(data_dir, "tiny_coco"))
     # windows of 192 px: one for most of the 12 TTA views of these 128-192 px images, several for the largest
-    runs = {'seg': (SEG_CFG, [*data_opts(data_dir, 'tiny_ade20k'), 'model.test_cfg.mode=slide',
-                              'model.test_cfg.crop_size=(192,192)', 'model.test_cfg.stride=(128,128)'], ['--tta']),
-            'det': (DET_CFG, [*data_opts(data_dir, 'tiny_coco'), f'test_dataloader.dataset.ann_file={image_info}'],
-                    ['--format-only'])}
+    runs = {
+        "seg": (
+            SEG_CFG,
+            [
+                *data_opts(data_dir, "tiny_ade20k"),
+                "model.test_cfg.mode=slide",
+                "model.test_cfg.crop_size=(192,192)",
+                "model.test_cfg.stride=(128,128)",
+            ],
+            ["--tta"],
+        ),
+        "det": (
+            DET_CFG,
+            [*data_opts(data_dir, "tiny_coco"), f"test_dataloader.dataset.ann_file={image_info}"],
+            ["--format-only"],
+        ),
+    }
     for name, (config, opts, flags) in runs.items():
-        opts = [*opts, 'test_dataloader.dataset.indices=3']
-        ckpt = random_checkpoint(config, opts, tmp_path / f'{name}.pth')
+        opts = [*opts, "test_dataloader.dataset.indices=3"]
+        ckpt = random_checkpoint(config, opts, tmp_path / f"{name}.pth")
         out = {}
         for devices in (1, 2):
-            work = tmp_path / f'{name}{devices}'
-            args = [config, ckpt, '--work-dir', str(work), '--out-dir', str(work / 'files'), *flags,
-                    '--cfg-options', *opts, f'trainer.devices={devices}']
+            work = tmp_path / f"{name}{devices}"
+            args = [
+                config,
+                ckpt,
+                "--work-dir",
+                str(work),
+                "--out-dir",
+                str(work / "files"),
+                *flags,
+                "--cfg-options",
+                *opts,
+                f"trainer.devices={devices}",
+            ]
             if devices == 1:  # one thread, as each DDP process (env()): the same float sums
                 threads = torch.get_num_threads()
                 torch.set_num_threads(1)
@@ -139,14 +219,14 @@ def test_test_tool_tta_slide_and_submission_files_each_image_once(data_dir, tmp_
                 finally:
                     torch.set_num_threads(threads)
             else:
-                run([sys.executable, 'tools/test.py', *args, 'trainer.strategy=ddp'], env=env(), timeout=2 * TIMEOUT)
-            files = {f: (work / 'files' / f).read_bytes() for f in sorted(os.listdir(work / 'files'))}
-            metrics = work / 'test_metrics.json'
+                run([sys.executable, "tools/test.py", *args, "trainer.strategy=ddp"], env=env(), timeout=2 * TIMEOUT)
+            files = {f: (work / "files" / f).read_bytes() for f in sorted(os.listdir(work / "files"))}
+            metrics = work / "test_metrics.json"
             out[devices] = files, json.loads(metrics.read_text()) if metrics.exists() else None
         files, metrics = out[1]
-        assert len(files) == (3 if name == 'seg' else 2), sorted(files)  # a PNG per image / bbox + segm json
+        assert len(files) == (3 if name == "seg" else 2), sorted(files)  # a PNG per image / bbox + segm json
         assert out[2][0] == files
-        if name == 'seg':
-            assert metrics['mIoU'] == pytest.approx(out[2][1]['mIoU'], abs=1e-6)
+        if name == "seg":
+            assert metrics["mIoU"] == pytest.approx(out[2][1]["mIoU"], abs=1e-6)
         else:
-            assert metrics is None and len({r['image_id'] for r in json.loads(files['results.bbox.json'])}) == 3
+            assert metrics is None and len({r["image_id"] for r in json.loads(files["results.bbox.json"])}) == 3

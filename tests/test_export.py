@@ -24,65 +24,86 @@ from tasks.export import export_backbone  # noqa: E402
 EYE = torch.eye(9).reshape(9, 1, 3, 3)
 
 
-
-
-train_tool, tiny_data = load_tool('train'), load_tool('make_tiny_data')
-export_backbone_tool, export_model_tool = load_tool('export_backbone'), load_tool('export_model')
+train_tool, tiny_data = load_tool("train"), load_tool("make_tiny_data")
+export_backbone_tool, export_model_tool = load_tool("export_backbone"), load_tool("export_model")
 
 
 def _opts(root, dataset, batch_size):
     opts = []
-    for split in ('train', 'val', 'test'):
-        opts += [f'{split}_dataloader.dataset.data_root={root}/{dataset}/', f'{split}_dataloader.num_workers=0']
-    return opts + [f'train_dataloader.batch_size={batch_size}', 'trainer.enable_progress_bar=False',
-                   'trainer.enable_model_summary=False', 'trainer.logger=False', 'trainer.limit_val_batches=1']
+    for split in ("train", "val", "test"):
+        opts += [f"{split}_dataloader.dataset.data_root={root}/{dataset}/", f"{split}_dataloader.num_workers=0"]
+    return opts + [
+        f"train_dataloader.batch_size={batch_size}",
+        "trainer.enable_progress_bar=False",
+        "trainer.enable_model_summary=False",
+        "trainer.logger=False",
+        "trainer.limit_val_batches=1",
+    ]
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp('data')
+    out = tmp_path_factory.mktemp("data")
     tiny_data.make_coco(out, num_train=2, num_val=1, seed=0)
     tiny_data.make_ade20k(out, num_train=2, num_val=1, seed=0)
     return str(out)
 
 
 def _train(config, work_dir, opts):
-    metrics = train_tool.main([config, '--work-dir', work_dir, '--cfg-options', *opts])
+    metrics = train_tool.main([config, "--work-dir", work_dir, "--cfg-options", *opts])
     # tools/train.py writes the resolved config (with the overrides) into the work dir
-    return osp.join(work_dir, 'last.ckpt'), osp.join(work_dir, osp.basename(config)), metrics
+    return osp.join(work_dir, "last.ckpt"), osp.join(work_dir, osp.basename(config)), metrics
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def det_run(data_dir, tmp_path_factory):
     """Mask R-CNN + shrunk STViT, two steps at 96 px, validated once: (ckpt, resolved config, metrics)."""
-    scale = ['train_dataloader.dataset.pipeline.2.scale=(96,96)', 'val_dataloader.dataset.pipeline.1.scale=(96,96)',
-             'test_dataloader.dataset.pipeline.1.scale=(96,96)']
-    return _train(DET_CFG, str(tmp_path_factory.mktemp('det')),
-                  [*_opts(data_dir, 'tiny_coco', 1), *scale, 'trainer.max_epochs=1', 'trainer.limit_train_batches=2',
-                   'trainer.check_val_every_n_epoch=1'])
+    scale = [
+        "train_dataloader.dataset.pipeline.2.scale=(96,96)",
+        "val_dataloader.dataset.pipeline.1.scale=(96,96)",
+        "test_dataloader.dataset.pipeline.1.scale=(96,96)",
+    ]
+    return _train(
+        DET_CFG,
+        str(tmp_path_factory.mktemp("det")),
+        [
+            *_opts(data_dir, "tiny_coco", 1),
+            *scale,
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=2",
+            "trainer.check_val_every_n_epoch=1",
+        ],
+    )
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def seg_run(data_dir, tmp_path_factory):
     """UPerNet + shrunk HAT-Net, two steps: (ckpt, resolved config, metrics)."""
-    return _train(SEG_CFG, str(tmp_path_factory.mktemp('seg')),
-                  [*_opts(data_dir, 'tiny_ade20k', 2), 'trainer.max_steps=2', 'trainer.val_check_interval=2'])
+    return _train(
+        SEG_CFG,
+        str(tmp_path_factory.mktemp("seg")),
+        [*_opts(data_dir, "tiny_ade20k", 2), "trainer.max_steps=2", "trainer.val_check_interval=2"],
+    )
 
 
 def _lightning_module(config, ckpt):
     from tasks import build_task
     from tasks.config import load_config
+
     module, datamodule = build_task(load_config(config), init_weights=False)
-    module.load_state_dict(torch.load(ckpt, map_location='cpu', weights_only=True)['state_dict'])
+    module.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"])
     return module.eval(), datamodule
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def det_exports(det_run, tmp_path_factory):
     ckpt, config, _ = det_run
-    out = tmp_path_factory.mktemp('exports')
-    paths = {'pth': str(out / 'stvit.pth'), 'safetensors': str(out / 'stvit.safetensors'),
-             'official': str(out / 'stvit_official.pth')}
+    out = tmp_path_factory.mktemp("exports")
+    paths = {
+        "pth": str(out / "stvit.pth"),
+        "safetensors": str(out / "stvit.safetensors"),
+        "official": str(out / "stvit_official.pth"),
+    }
     metas = {fmt: export_backbone(ckpt, path, fmt, config=config) for fmt, path in paths.items()}
     return paths, metas
 
@@ -92,6 +113,7 @@ def test_exports_load_through_init_cfg_with_identical_outputs(det_run, det_expor
     from mmdet.registry import MODELS
 
     from tasks.config import load_config
+
     ckpt, config, metrics = det_run
     paths, metas = det_exports
     module, _ = _lightning_module(config, ckpt)
@@ -100,7 +122,7 @@ def test_exports_load_through_init_cfg_with_identical_outputs(det_run, det_expor
         expected = module.model.backbone(x)
     for fmt, path in paths.items():
         cfg = load_config(config)
-        cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=path)
+        cfg.model.backbone.init_cfg = dict(type="Pretrained", checkpoint=path)
         detector = MODELS.build(cfg.model)
         detector.init_weights()
         detector.eval()
@@ -108,46 +130,46 @@ def test_exports_load_through_init_cfg_with_identical_outputs(det_run, det_expor
             got = detector.backbone(x)
         assert all(torch.equal(a, b) for a, b in zip(got, expected)), fmt
         # and the pure backbone reports what it loaded / skipped
-        report = load_pretrained(STViT(metas[fmt]['arch']), path)
+        report = load_pretrained(STViT(metas[fmt]["arch"]), path)
         assert set(report.loaded) == set(module.model.backbone.state_dict()), fmt
-        assert (fmt == 'official') == bool(report.skipped)  # official: the constant unfold/fold kernels
-        assert all(k.endswith('fold.weights') for k in report.skipped)
+        assert (fmt == "official") == bool(report.skipped)  # official: the constant unfold/fold kernels
+        assert all(k.endswith("fold.weights") for k in report.skipped)
 
     # meta: family, full arch, provenance, last validation metric, hash
-    meta = metas['pth']
-    assert meta['family'] == 'stvit' and meta['arch'] == module.model.backbone.arch
-    assert meta['out_indices'] == [0, 1, 2, 3] and meta['backbone_cfg']['type'] == 'STViT'
-    assert meta['step'] == 2 and meta['epoch'] == 0
-    assert flat_metrics(meta['metrics']) == pytest.approx(flat_metrics(metrics), nan_ok=True)
-    assert meta['config']['path'] == config and "'type': 'STViT'" in meta['config']['text']
-    assert meta['sha256'] == verify_export(paths['pth'])['sha256'] == verify_export(paths['safetensors'])['sha256']
-    assert verify_export(paths['official'])['sha256'] == metas['official']['sha256']
+    meta = metas["pth"]
+    assert meta["family"] == "stvit" and meta["arch"] == module.model.backbone.arch
+    assert meta["out_indices"] == [0, 1, 2, 3] and meta["backbone_cfg"]["type"] == "STViT"
+    assert meta["step"] == 2 and meta["epoch"] == 0
+    assert flat_metrics(meta["metrics"]) == pytest.approx(flat_metrics(metrics), nan_ok=True)
+    assert meta["config"]["path"] == config and "'type': 'STViT'" in meta["config"]["text"]
+    assert meta["sha256"] == verify_export(paths["pth"])["sha256"] == verify_export(paths["safetensors"])["sha256"]
+    assert verify_export(paths["official"])["sha256"] == metas["official"]["sha256"]
 
 
 def test_pth_and_safetensors_hold_bit_identical_tensors(det_run, det_exports):
     paths, metas = det_exports
-    ckpt = torch.load(det_run[0], map_location='cpu', weights_only=True)['state_dict']
-    trained = {k[len('model.backbone.'):]: v for k, v in ckpt.items() if k.startswith('model.backbone.')}
-    pth, pth_meta = read_export(paths['pth'])
-    st, st_meta = read_export(paths['safetensors'])
+    ckpt = torch.load(det_run[0], map_location="cpu", weights_only=True)["state_dict"]
+    trained = {k[len("model.backbone.") :]: v for k, v in ckpt.items() if k.startswith("model.backbone.")}
+    pth, pth_meta = read_export(paths["pth"])
+    st, st_meta = read_export(paths["safetensors"])
     assert list(pth) == sorted(trained) and set(st) == set(trained)
     for k, v in trained.items():
         assert pth[k].dtype == st[k].dtype == v.dtype and torch.equal(pth[k], v) and torch.equal(st[k], v), k
-    assert {**pth_meta, 'format': None} == {**st_meta, 'format': None}
-    assert tensor_sha256(pth) == tensor_sha256(st) == pth_meta['sha256']
+    assert {**pth_meta, "format": None} == {**st_meta, "format": None}
+    assert tensor_sha256(pth) == tensor_sha256(st) == pth_meta["sha256"]
     # the pth export is plain tensors + builtins: torch.load(weights_only=True) reads it without an allow-list
-    assert set(torch.load(paths['pth'], weights_only=True)) == {'state_dict', 'meta'}
+    assert set(torch.load(paths["pth"], weights_only=True)) == {"state_dict", "meta"}
 
 
 def test_exporting_twice_gives_identical_bytes(det_run, det_exports):
     ckpt, config, _ = det_run
     paths, _ = det_exports
     for fmt, path in paths.items():
-        before = open(path, 'rb').read()
-        meta = export_backbone_tool.main([ckpt, '--out', path, '--format', fmt, '--config', config])
-        assert open(path, 'rb').read() == before, fmt
-        assert meta['format'] == fmt
-    assert [f for f in os.listdir(osp.dirname(paths['pth'])) if f.endswith('.tmp')] == []  # no temp files
+        before = open(path, "rb").read()
+        meta = export_backbone_tool.main([ckpt, "--out", path, "--format", fmt, "--config", config])
+        assert open(path, "rb").read() == before, fmt
+        assert meta["format"] == fmt
+    assert [f for f in os.listdir(osp.dirname(paths["pth"])) if f.endswith(".tmp")] == []  # no temp files
 
 
 class OfficialStandIn(nn.Module):
@@ -157,27 +179,33 @@ class OfficialStandIn(nn.Module):
         super().__init__()
         for key, shape in manifest.items():
             owner = self
-            *path, leaf = key.split('.')
+            *path, leaf = key.split(".")
             for name in path:
                 if not hasattr(owner, name):
                     owner.add_module(name, nn.Module())
                 owner = getattr(owner, name)
-            owner.register_buffer(leaf, torch.zeros(shape, dtype=torch.long if leaf == 'num_batches_tracked'
-                                                    else torch.float32))
+            owner.register_buffer(
+                leaf, torch.zeros(shape, dtype=torch.long if leaf == "num_batches_tracked" else torch.float32)
+            )
 
 
 def _is_head(key, family):
-    return key.startswith(('proj.', 'norm.', 'head.') if family == 'stvit' else ('classifier.',))
+    return key.startswith(("proj.", "norm.", "head.") if family == "stvit" else ("classifier.",))
 
 
 def _official_export(tmp_path, backbone, type_name, arch, **kwargs):
     """Write {'state_dict': {'backbone.*'}} + a config for ``backbone``, export 'official', return it."""
-    ckpt, config, out = tmp_path / 'mm.pth', tmp_path / 'cfg.py', tmp_path / 'official.pth'
-    torch.save({'state_dict': {'backbone.' + k: v for k, v in backbone.state_dict().items()},
-                'meta': {'epoch': 12, 'iter': 1000}}, ckpt)
-    extra = ''.join(f', {k}={v!r}' for k, v in kwargs.items())
-    config.write_text(f'model = dict(backbone=dict(type={type_name!r}, arch={arch!r}{extra}))\n')
-    export_backbone(ckpt, out, 'official', config=config)
+    ckpt, config, out = tmp_path / "mm.pth", tmp_path / "cfg.py", tmp_path / "official.pth"
+    torch.save(
+        {
+            "state_dict": {"backbone." + k: v for k, v in backbone.state_dict().items()},
+            "meta": {"epoch": 12, "iter": 1000},
+        },
+        ckpt,
+    )
+    extra = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+    config.write_text(f"model = dict(backbone=dict(type={type_name!r}, arch={arch!r}{extra}))\n")
+    export_backbone(ckpt, out, "official", config=config)
     return out, torch.load(out, weights_only=True)
 
 
@@ -186,38 +214,40 @@ def _assert_official_load(sd, manifest, family):
     result = official.load_state_dict(sd, strict=False)  # raises on any shape mismatch
     assert result.unexpected_keys == []
     assert result.missing_keys and all(_is_head(k, family) for k in result.missing_keys)
-    assert {k: list(v.shape) for k, v in sd.items()} == {k: list(s) for k, s in manifest.items()
-                                                          if not _is_head(k, family)}
+    assert {k: list(v.shape) for k, v in sd.items()} == {
+        k: list(s) for k, s in manifest.items() if not _is_head(k, family)
+    }
 
 
-@pytest.mark.parametrize('variant', ['stvit_small', 'hatnet_tiny'])
+@pytest.mark.parametrize("variant", ["stvit_small", "hatnet_tiny"])
 def test_official_export_matches_released_key_manifest(variant, reference_dir, tmp_path):
-    manifest = json.loads((reference_dir / 'official_keys.json').read_text())[variant]['keys']
-    family, arch = variant.split('_')
-    cls, type_name = (STViT, 'STViT') if family == 'stvit' else (HATNet, 'HATNet')
+    manifest = json.loads((reference_dir / "official_keys.json").read_text())[variant]["keys"]
+    family, arch = variant.split("_")
+    cls, type_name = (STViT, "STViT") if family == "stvit" else (HATNet, "HATNet")
     model = cls(arch)
     out, obj = _official_export(tmp_path, model, type_name, arch)
-    assert set(obj) == {'model', 'meta'} and obj['meta']['format'] == 'official'
-    _assert_official_load(obj['model'], manifest, family)
-    fold = [k for k in obj['model'] if k.endswith('fold.weights')]
-    assert len(fold) == (2 * sum(model.arch['depths']) if family == 'stvit' else 0)
-    assert all(torch.equal(obj['model'][k], EYE) for k in fold)
+    assert set(obj) == {"model", "meta"} and obj["meta"]["format"] == "official"
+    _assert_official_load(obj["model"], manifest, family)
+    fold = [k for k in obj["model"] if k.endswith("fold.weights")]
+    assert len(fold) == (2 * sum(model.arch["depths"]) if family == "stvit" else 0)
+    assert all(torch.equal(obj["model"][k], EYE) for k in fold)
     load_pretrained(model, out)  # and it comes back in
 
 
-@pytest.mark.parametrize('name', ['stvit_tiny_s8411.pt', 'hatnet_tiny_g8771.pt'])
+@pytest.mark.parametrize("name", ["stvit_tiny_s8411.pt", "hatnet_tiny_g8771.pt"])
 def test_official_export_reproduces_the_official_state_dict(name, reference_dir, tmp_path):
     """Shrunk archs: the official models' own state dicts (golden files) minus the head are reproduced
     exactly, key for key, shape for shape and value for value (the identity unfold/fold kernels included)."""
     from tests.test_golden import CASES
+
     cls, arch = CASES[name]
-    official_sd = torch.load(reference_dir / name, weights_only=True)['state_dict']
+    official_sd = torch.load(reference_dir / name, weights_only=True)["state_dict"]
     model = cls(arch)
     load_pretrained(model, official_sd)
     _, obj = _official_export(tmp_path, model, cls.__name__, arch)
     family = model.family
-    _assert_official_load(obj['model'], {k: list(v.shape) for k, v in official_sd.items()}, family)
-    for k, v in obj['model'].items():
+    _assert_official_load(obj["model"], {k: list(v.shape) for k, v in official_sd.items()}, family)
+    for k, v in obj["model"].items():
         assert v.dtype == official_sd[k].dtype and torch.equal(v, official_sd[k]), k
 
 
@@ -227,65 +257,72 @@ def test_released_official_checkpoint_loads_through_init_cfg(reference_dir, tmp_
 
     import backbones  # noqa: F401  (registers the mm adapters)
     from tests.test_golden import CASES
-    _, arch = CASES['stvit_tiny_s8411.pt']
-    sd = torch.load(reference_dir / 'stvit_tiny_s8411.pt', weights_only=True)['state_dict']
-    path = tmp_path / 'release.pth'
-    torch.save({'model': sd, 'optimizer': {}, 'epoch': 299, 'args': argparse.Namespace(model='stvit')}, path)
-    backbone = MODELS.build(dict(type='STViT', arch=arch, init_cfg=dict(type='Pretrained', checkpoint=str(path))))
+
+    _, arch = CASES["stvit_tiny_s8411.pt"]
+    sd = torch.load(reference_dir / "stvit_tiny_s8411.pt", weights_only=True)["state_dict"]
+    path = tmp_path / "release.pth"
+    torch.save({"model": sd, "optimizer": {}, "epoch": 299, "args": argparse.Namespace(model="stvit")}, path)
+    backbone = MODELS.build(dict(type="STViT", arch=arch, init_cfg=dict(type="Pretrained", checkpoint=str(path))))
     backbone.init_weights()
-    assert torch.equal(backbone.state_dict()['layers.3.blocks.0.attn.stoken_refine.qkv.weight'],
-                       sd['layers.3.blocks.0.attn.stoken_refine.qkv.weight'])
+    assert torch.equal(
+        backbone.state_dict()["layers.3.blocks.0.attn.stoken_refine.qkv.weight"],
+        sd["layers.3.blocks.0.attn.stoken_refine.qkv.weight"],
+    )
 
 
 # ---- mm-format model exports ------------------------------------------------------------------------------
 def _assert_same_det(a, b):
     for x, y in zip(a, b):
-        for key in ('bboxes', 'scores', 'labels', 'masks'):
+        for key in ("bboxes", "scores", "labels", "masks"):
             assert torch.equal(x.pred_instances[key], y.pred_instances[key]), key
 
 
 def test_export_model_loads_in_init_detector_and_predicts_the_same(det_run, tmp_path):
     from mmdet.apis import inference_detector, init_detector
+
     ckpt, config, metrics = det_run
-    out = str(tmp_path / 'det.pth')
-    meta = export_model_tool.main([ckpt, '--out', out, '--config', config])
-    again = export_model_tool.export_model(ckpt, tmp_path / 'det2.pth', config)
-    assert meta == again and open(out, 'rb').read() == open(tmp_path / 'det2.pth', 'rb').read()
+    out = str(tmp_path / "det.pth")
+    meta = export_model_tool.main([ckpt, "--out", out, "--config", config])
+    again = export_model_tool.export_model(ckpt, tmp_path / "det2.pth", config)
+    assert meta == again and open(out, "rb").read() == open(tmp_path / "det2.pth", "rb").read()
     module, datamodule = _lightning_module(config, ckpt)
-    detector = init_detector(config, out, device='cpu')
-    assert detector.dataset_meta['classes'] == ('square', 'disc', 'triangle')
-    assert [tuple(c) for c in detector.dataset_meta['palette']] == [(215, 40, 40), (40, 185, 60), (45, 75, 220)]
+    detector = init_detector(config, out, device="cpu")
+    assert detector.dataset_meta["classes"] == ("square", "disc", "triangle")
+    assert [tuple(c) for c in detector.dataset_meta["palette"]] == [(215, 40, 40), (40, 185, 60), (45, 75, 220)]
     loaded = torch.load(out, weights_only=True)
-    assert loaded['meta']['iter'] == 2 and flat_metrics(loaded['meta']['metrics']) == pytest.approx(
-        flat_metrics(metrics), nan_ok=True)
-    assert set(loaded['state_dict']) == set(detector.state_dict())
+    assert loaded["meta"]["iter"] == 2 and flat_metrics(loaded["meta"]["metrics"]) == pytest.approx(
+        flat_metrics(metrics), nan_ok=True
+    )
+    assert set(loaded["state_dict"]) == set(detector.state_dict())
     # an mm-format checkpoint carries its config (meta['cfg']): its backbone exports without --config
-    bb_meta = export_backbone(out, tmp_path / 'from_mm.pth')
-    assert bb_meta['config']['source'] == 'checkpoint' and bb_meta['source']['kind'] == 'mm'
-    assert bb_meta['sha256'] == export_backbone(ckpt, tmp_path / 'from_ckpt.pth', config=config)['sha256']
-    assert bb_meta['step'] == 2 and bb_meta['metrics'] == meta['metrics']
+    bb_meta = export_backbone(out, tmp_path / "from_mm.pth")
+    assert bb_meta["config"]["source"] == "checkpoint" and bb_meta["source"]["kind"] == "mm"
+    assert bb_meta["sha256"] == export_backbone(ckpt, tmp_path / "from_ckpt.pth", config=config)["sha256"]
+    assert bb_meta["step"] == 2 and bb_meta["metrics"] == meta["metrics"]
     batch = next(iter(datamodule.val_dataloader()))
     with torch.no_grad():
-        feats = detector.backbone(detector.data_preprocessor(batch, False)['inputs'])
+        feats = detector.backbone(detector.data_preprocessor(batch, False)["inputs"])
         assert all(f.is_contiguous() for f in feats), (
-            'the backbone returns channels_last feature maps; mmcv\'s RoIAlign reads them wrongly, so a detector '
-            'built by mmdet itself (init_detector / DetInferencer / mmdet\'s Runner) predicts differently from '
-            'the Lightning module (tasks/detection.py works around it with a forward hook)')
+            "the backbone returns channels_last feature maps; mmcv's RoIAlign reads them wrongly, so a detector "
+            "built by mmdet itself (init_detector / DetInferencer / mmdet's Runner) predicts differently from "
+            "the Lightning module (tasks/detection.py works around it with a forward hook)"
+        )
         _assert_same_det(detector.test_step(batch), module._predict(batch))
         # mmdet's high-level API on an image file runs too, with the same result
-        img = batch['data_samples'][0].img_path
+        img = batch["data_samples"][0].img_path
         module.model.cfg = detector.cfg
         _assert_same_det([inference_detector(detector, img)], [inference_detector(module.model, img)])
 
 
 def test_export_model_loads_in_mmseg_init_model_and_predicts_the_same(seg_run, tmp_path):
     from mmseg.apis import init_model
+
     ckpt, config, _ = seg_run
-    out = str(tmp_path / 'seg.pth')
-    export_model_tool.main([ckpt, '--out', out, '--config', config])
+    out = str(tmp_path / "seg.pth")
+    export_model_tool.main([ckpt, "--out", out, "--config", config])
     module, datamodule = _lightning_module(config, ckpt)
-    segmentor = init_model(config, out, device='cpu')
-    assert len(segmentor.dataset_meta['classes']) == 150 and len(segmentor.dataset_meta['palette']) == 150
+    segmentor = init_model(config, out, device="cpu")
+    assert len(segmentor.dataset_meta["classes"]) == 150 and len(segmentor.dataset_meta["palette"]) == 150
     batch = next(iter(datamodule.val_dataloader()))
     with torch.no_grad():
         got, expected = segmentor.test_step(batch), module._predict(batch)
@@ -293,121 +330,141 @@ def test_export_model_loads_in_mmseg_init_model_and_predicts_the_same(seg_run, t
         assert torch.equal(x.pred_sem_seg.data, y.pred_sem_seg.data)
         assert torch.equal(x.seg_logits.data, y.seg_logits.data)
     # the backbone export of the segmentor is a HAT-Net one
-    meta = export_backbone(ckpt, tmp_path / 'hatnet.safetensors', config=config)
-    assert meta['family'] == 'hatnet' and meta['step'] == 2 and 'mIoU' in meta['metrics']
-    load_pretrained(HATNet(meta['arch']), tmp_path / 'hatnet.safetensors')
+    meta = export_backbone(ckpt, tmp_path / "hatnet.safetensors", config=config)
+    assert meta["family"] == "hatnet" and meta["step"] == 2 and "mIoU" in meta["metrics"]
+    load_pretrained(HATNet(meta["arch"]), tmp_path / "hatnet.safetensors")
 
 
 # ---- errors -------------------------------------------------------------------------------------------------
 def test_checkpoint_without_backbone(tmp_path):
-    path = tmp_path / 'neck_only.ckpt'
-    torch.save({'state_dict': {'model.neck.conv.weight': torch.zeros(2, 2)}, 'pytorch-lightning_version': '2'}, path)
+    path = tmp_path / "neck_only.ckpt"
+    torch.save({"state_dict": {"model.neck.conv.weight": torch.zeros(2, 2)}, "pytorch-lightning_version": "2"}, path)
     with pytest.raises(CheckpointError, match=r"holds no backbone.*'neck\.'"):
-        export_backbone(path, tmp_path / 'x.pth', config=DET_CFG)
-    torch.save({'state_dict': {'neck.conv.weight': torch.zeros(2, 2)}, 'meta': {}}, path)
-    with pytest.raises(CheckpointError, match='holds no backbone'):
-        export_backbone(path, tmp_path / 'x.pth', config=DET_CFG)
-    with pytest.raises(CheckpointError, match='holds no backbone weights'):
-        load_pretrained(STViT('small'), path)
+        export_backbone(path, tmp_path / "x.pth", config=DET_CFG)
+    torch.save({"state_dict": {"neck.conv.weight": torch.zeros(2, 2)}, "meta": {}}, path)
+    with pytest.raises(CheckpointError, match="holds no backbone"):
+        export_backbone(path, tmp_path / "x.pth", config=DET_CFG)
+    with pytest.raises(CheckpointError, match="holds no backbone weights"):
+        load_pretrained(STViT("small"), path)
 
 
 def test_truncated_or_corrupt_files(det_run, det_exports, tmp_path):
-    data = open(det_run[0], 'rb').read()
-    (tmp_path / 'cut.ckpt').write_bytes(data[:len(data) // 2])
-    with pytest.raises(CheckpointError, match='truncated or corrupt'):
-        export_backbone(tmp_path / 'cut.ckpt', tmp_path / 'x.pth', config=det_run[1])
-    (tmp_path / 'noise.pth').write_bytes(b'this is not a checkpoint\n' * 100)
-    with pytest.raises(CheckpointError, match='corrupt'):
-        export_backbone(tmp_path / 'noise.pth', tmp_path / 'x.pth', config=det_run[1])
+    data = open(det_run[0], "rb").read()
+    (tmp_path / "cut.ckpt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        export_backbone(tmp_path / "cut.ckpt", tmp_path / "x.pth", config=det_run[1])
+    (tmp_path / "noise.pth").write_bytes(b"this is not a checkpoint\n" * 100)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        export_backbone(tmp_path / "noise.pth", tmp_path / "x.pth", config=det_run[1])
     paths, metas = det_exports
-    arch = metas['pth']['arch']
-    for fmt in ('pth', 'safetensors'):
-        data = open(paths[fmt], 'rb').read()
-        cut = tmp_path / ('cut.' + ('pth' if fmt == 'pth' else 'safetensors'))
-        cut.write_bytes(data[:len(data) - 1000])
-        with pytest.raises(CheckpointError, match='truncated'):
+    arch = metas["pth"]["arch"]
+    for fmt in ("pth", "safetensors"):
+        data = open(paths[fmt], "rb").read()
+        cut = tmp_path / ("cut." + ("pth" if fmt == "pth" else "safetensors"))
+        cut.write_bytes(data[: len(data) - 1000])
+        with pytest.raises(CheckpointError, match="truncated"):
             load_pretrained(STViT(arch), cut)
-    assert not os.path.exists(tmp_path / 'x.pth')  # nothing written on failure
+    assert not os.path.exists(tmp_path / "x.pth")  # nothing written on failure
 
 
 def test_format_must_match_extension(det_run, det_exports, tmp_path):
     ckpt, config, _ = det_run
     with pytest.raises(ExportError, match=r"'safetensors' does not match the extension.*\.safetensors"):
-        export_backbone(ckpt, tmp_path / 'x.pth', 'safetensors', config=config)
+        export_backbone(ckpt, tmp_path / "x.pth", "safetensors", config=config)
     with pytest.raises(ExportError, match=r"'official' does not match the extension.*\.pth or \.pt"):
-        export_backbone(ckpt, tmp_path / 'x.safetensors', 'official', config=config)
-    with pytest.raises(ExportError, match='Cannot infer the export format'):
-        export_backbone(ckpt, tmp_path / 'x.bin', config=config)
-    with pytest.raises(ExportError, match=r'name it \.pth or \.pt'):
-        export_model_tool.export_model(ckpt, tmp_path / 'x.safetensors', config)
+        export_backbone(ckpt, tmp_path / "x.safetensors", "official", config=config)
+    with pytest.raises(ExportError, match="Cannot infer the export format"):
+        export_backbone(ckpt, tmp_path / "x.bin", config=config)
+    with pytest.raises(ExportError, match=r"name it \.pth or \.pt"):
+        export_model_tool.export_model(ckpt, tmp_path / "x.safetensors", config)
     # a file whose content does not match its name, on the loading side
     paths, metas = det_exports
-    renamed = {'pth': tmp_path / 'st.pth', 'safetensors': tmp_path / 'pth.safetensors'}
-    renamed['pth'].write_bytes(open(paths['safetensors'], 'rb').read())
-    renamed['safetensors'].write_bytes(open(paths['pth'], 'rb').read())
-    with pytest.raises(CheckpointError, match='is a safetensors file.*rename it to .safetensors'):
-        load_pretrained(STViT(metas['pth']['arch']), renamed['pth'])
-    with pytest.raises(CheckpointError, match=r'is a PyTorch \(torch.save\) checkpoint.*Rename it to .pth'):
-        load_pretrained(STViT(metas['pth']['arch']), renamed['safetensors'])
+    renamed = {"pth": tmp_path / "st.pth", "safetensors": tmp_path / "pth.safetensors"}
+    renamed["pth"].write_bytes(open(paths["safetensors"], "rb").read())
+    renamed["safetensors"].write_bytes(open(paths["pth"], "rb").read())
+    with pytest.raises(CheckpointError, match="is a safetensors file.*rename it to .safetensors"):
+        load_pretrained(STViT(metas["pth"]["arch"]), renamed["pth"])
+    with pytest.raises(CheckpointError, match=r"is a PyTorch \(torch.save\) checkpoint.*Rename it to .pth"):
+        load_pretrained(STViT(metas["pth"]["arch"]), renamed["safetensors"])
 
 
 def test_export_into_another_family_or_variant(det_exports):
     paths, metas = det_exports
-    hatnet = HATNet(dict(dims=[32, 64, 128, 256], head_dim=32, expansions=[4] * 4, grid_sizes=[8, 7, 7, 1],
-                         ds_ratios=[8, 4, 2, 1], depths=[1, 1, 2, 1], kernel_sizes=[3] * 4))
-    stvit_small = STViT('small')
+    hatnet = HATNet(
+        dict(
+            dims=[32, 64, 128, 256],
+            head_dim=32,
+            expansions=[4] * 4,
+            grid_sizes=[8, 7, 7, 1],
+            ds_ratios=[8, 4, 2, 1],
+            depths=[1, 1, 2, 1],
+            kernel_sizes=[3] * 4,
+        )
+    )
+    stvit_small = STViT("small")
     for path in paths.values():
-        with pytest.raises(CheckpointError, match='is an export of a stvit backbone; the model is HATNet'):
+        with pytest.raises(CheckpointError, match="is an export of a stvit backbone; the model is HATNet"):
             load_pretrained(hatnet, path)
-        with pytest.raises(CheckpointError, match=r'exported from a stvit with embed_dims=\[32, 64, 128, 256\].*'
-                                                  r'the model has embed_dims=\[64, 128, 320, 512\]'):
+        with pytest.raises(
+            CheckpointError,
+            match=r"exported from a stvit with embed_dims=\[32, 64, 128, 256\].*"
+            r"the model has embed_dims=\[64, 128, 320, 512\]",
+        ):
             load_pretrained(stvit_small, path)
 
 
 def test_config_errors(det_run, seg_run, tmp_path):
     ckpt, config, _ = det_run
     # A checkpoint without the config that tools/train.py stores (e.g. written by other code): --config needed.
-    obj = torch.load(ckpt, map_location='cpu', weights_only=True)
-    del obj['mm_config']
-    bare = tmp_path / 'work' / 'last.ckpt'
+    obj = torch.load(ckpt, map_location="cpu", weights_only=True)
+    del obj["mm_config"]
+    bare = tmp_path / "work" / "last.ckpt"
     bare.parent.mkdir()
     torch.save(obj, bare)
-    with pytest.raises(ExportError, match=r'does not record its config.*--config'):
-        export_backbone(bare, tmp_path / 'x.pth')
-    with pytest.raises(CheckpointError, match='holds a stvit backbone, but the config describes HATNet'):
-        export_backbone(ckpt, tmp_path / 'x.pth', config=seg_run[1])
+    with pytest.raises(ExportError, match=r"does not record its config.*--config"):
+        export_backbone(bare, tmp_path / "x.pth")
+    with pytest.raises(CheckpointError, match="holds a stvit backbone, but the config describes HATNet"):
+        export_backbone(ckpt, tmp_path / "x.pth", config=seg_run[1])
 
 
 def test_config_and_metrics_stored_in_the_lightning_checkpoint_are_used(det_run, tmp_path):
     """tools/train.py's checkpoints carry the resolved config text ('mm_config') and the last validation
     metrics ('val_metrics'), plain types that weights_only loading accepts: no --config needed."""
     ckpt, config, metrics = det_run
-    obj = torch.load(ckpt, map_location='cpu', weights_only=True)
-    assert isinstance(obj['mm_config'], str) and flat_metrics(obj['val_metrics']) == pytest.approx(
-        flat_metrics(metrics), nan_ok=True)
-    meta = export_backbone(ckpt, tmp_path / 'bb.safetensors')
-    assert meta['config']['source'] == 'checkpoint' and meta['config']['path'] is None
-    assert flat_metrics(meta['metrics']) == pytest.approx(flat_metrics(metrics), nan_ok=True)
-    assert meta['metrics_source'] == "checkpoint['val_metrics']" and meta['best']['monitor'] == 'bbox_mAP'
-    assert meta['sha256'] == export_backbone(ckpt, tmp_path / 'bb2.pth', config=config)['sha256']
+    obj = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert isinstance(obj["mm_config"], str) and flat_metrics(obj["val_metrics"]) == pytest.approx(
+        flat_metrics(metrics), nan_ok=True
+    )
+    meta = export_backbone(ckpt, tmp_path / "bb.safetensors")
+    assert meta["config"]["source"] == "checkpoint" and meta["config"]["path"] is None
+    assert flat_metrics(meta["metrics"]) == pytest.approx(flat_metrics(metrics), nan_ok=True)
+    assert meta["metrics_source"] == "checkpoint['val_metrics']" and meta["best"]["monitor"] == "bbox_mAP"
+    assert meta["sha256"] == export_backbone(ckpt, tmp_path / "bb2.pth", config=config)["sha256"]
 
 
 def test_official_export_refuses_output_norms(tmp_path):
-    arch = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 3, 4], n_iter=[1, 1, 1, 1],
-                stoken_size=[8, 4, 1, 1], layerscale=[False] * 4, init_values=1e-5)
-    with pytest.raises(ExportError, match=r'output norms \(norm_out=True.*--format pth or safetensors'):
-        _official_export(tmp_path, STViT(arch, norm_out=True), 'STViT', arch, norm_out=True)
-    assert not (tmp_path / 'official.pth').exists()
+    arch = dict(
+        embed_dims=[16, 32, 48, 64],
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 2, 3, 4],
+        n_iter=[1, 1, 1, 1],
+        stoken_size=[8, 4, 1, 1],
+        layerscale=[False] * 4,
+        init_values=1e-5,
+    )
+    with pytest.raises(ExportError, match=r"output norms \(norm_out=True.*--format pth or safetensors"):
+        _official_export(tmp_path, STViT(arch, norm_out=True), "STViT", arch, norm_out=True)
+    assert not (tmp_path / "official.pth").exists()
 
 
 def test_config_text_in_a_checkpoint_is_never_executed(det_run, tmp_path):
     """The config stored in a checkpoint is read as literals only: a crafted one cannot run code."""
     ckpt, _, _ = det_run
-    marker = tmp_path / 'pwned'
-    obj = torch.load(ckpt, map_location='cpu', weights_only=True)
-    obj['mm_config'] = f"import os\nos.system('touch {marker}')\n" + obj['mm_config']
-    evil = tmp_path / 'evil.ckpt'
+    marker = tmp_path / "pwned"
+    obj = torch.load(ckpt, map_location="cpu", weights_only=True)
+    obj["mm_config"] = f"import os\nos.system('touch {marker}')\n" + obj["mm_config"]
+    evil = tmp_path / "evil.ckpt"
     torch.save(obj, evil)
-    with pytest.raises(ExportError, match='not plain literals.*not executed.*--config'):
-        export_backbone(evil, tmp_path / 'x.pth')
-    assert not marker.exists() and not (tmp_path / 'x.pth').exists()
+    with pytest.raises(ExportError, match="not plain literals.*not executed.*--config"):
+        export_backbone(evil, tmp_path / "x.pth")
+    assert not marker.exists() and not (tmp_path / "x.pth").exists()

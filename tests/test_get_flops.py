@@ -1,5 +1,6 @@
 """tools/get_flops.py: attention counted on CPU, parts that add up, the backbone part equal to a count of the
 backbone alone with the attention written out."""
+
 import json
 
 import pytest
@@ -10,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
-get_flops = load_tool('get_flops')
+get_flops = load_tool("get_flops")
 
 
 def _explicit_attention(q, k, v):
@@ -47,28 +48,32 @@ def _backbone_alone(config, shape):
     return c.get_total_flops() / 2e9
 
 
-@pytest.mark.parametrize('config, shape, parts', [
-    (DET_CFG, (96, 160), {'backbone', 'neck', 'rpn_head', 'roi_head'}),
-    (SEG_CFG, (128, 128), {'backbone', 'decode_head'}),  # no auxiliary head at test time
-])
+@pytest.mark.parametrize(
+    "config, shape, parts",
+    [
+        (DET_CFG, (96, 160), {"backbone", "neck", "rpn_head", "roi_head"}),
+        (SEG_CFG, (128, 128), {"backbone", "decode_head"}),  # no auxiliary head at test time
+    ],
+)
 def test_get_flops_parts_and_backbone(config, shape, parts, tmp_path, capsys):
-    out = tmp_path / 'flops.json'
-    res = get_flops.main([config, '--shape', *map(str, shape), '--out', str(out)])
+    out = tmp_path / "flops.json"
+    res = get_flops.main([config, "--shape", *map(str, shape), "--out", str(out)])
     saved = json.loads(out.read_text())
     assert saved == res  # floats survive JSON exactly
-    assert {'gflops', 'params_m', 'parts'} <= set(saved) and saved['shape'] == list(shape)
-    assert set(saved['parts']) == parts, saved['parts']
-    assert sum(saved['parts'].values()) == pytest.approx(saved['gflops'], rel=1e-9)
-    assert all(v > 0 for v in saved['parts'].values())
-    assert saved['parts']['backbone'] == pytest.approx(_backbone_alone(config, shape), rel=1e-9)
+    assert {"gflops", "params_m", "parts"} <= set(saved) and saved["shape"] == list(shape)
+    assert set(saved["parts"]) == parts, saved["parts"]
+    assert sum(saved["parts"].values()) == pytest.approx(saved["gflops"], rel=1e-9)
+    assert all(v > 0 for v in saved["parts"].values())
+    assert saved["parts"]["backbone"] == pytest.approx(_backbone_alone(config, shape), rel=1e-9)
     module = get_flops.build_model(config)
-    assert saved['params_m'] == pytest.approx(sum(p.numel() for p in module.parameters()) / 1e6)
-    assert 'GMACs' in capsys.readouterr().out
+    assert saved["params_m"] == pytest.approx(sum(p.numel() for p in module.parameters()) / 1e6)
+    assert "GMACs" in capsys.readouterr().out
 
 
 def test_default_shapes_and_bad_shape():
     from tasks.config import load_config
+
     assert get_flops.default_shape(load_config(DET_CFG)) == (800, 1280)
     assert get_flops.default_shape(load_config(SEG_CFG)) == (512, 512)
     with pytest.raises(SystemExit):
-        get_flops.parse_args([DET_CFG, '--shape', '1', '2', '3'])
+        get_flops.parse_args([DET_CFG, "--shape", "1", "2", "3"])

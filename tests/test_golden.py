@@ -1,5 +1,6 @@
 """Our backbones compute exactly what the official models compute: features and gradients on the golden
 vectors made from the official code (tests/data/README.md), loaded under the official key names."""
+
 import copy
 
 import pytest
@@ -9,16 +10,42 @@ import backbones
 from backbones import HATNet, STViT, fast_paths, load_pretrained
 
 CASES = {
-    "stvit_tiny_s8411.pt": (STViT, dict(embed_dims=[16, 32, 48, 64], depths=[1, 2, 2, 1], num_heads=[1, 2, 3, 4],
-                                         n_iter=[1, 1, 1, 1], stoken_size=[8, 4, 1, 1],
-                                         layerscale=[False, False, True, True], init_values=1e-5)),
-    "stvit_tiny_s4221_iter2.pt": (STViT, dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 2, 1],
-                                               num_heads=[1, 2, 3, 4], n_iter=[2, 1, 1, 1],
-                                               stoken_size=[4, 2, 2, 1], layerscale=[False] * 4,
-                                               init_values=1e-5)),
-    "hatnet_tiny_g8771.pt": (HATNet, dict(dims=[16, 32, 48, 64], head_dim=8, expansions=[2, 2, 2, 2],
-                                          grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1], depths=[1, 1, 2, 1],
-                                          kernel_sizes=[3, 3, 5, 3])),
+    "stvit_tiny_s8411.pt": (
+        STViT,
+        dict(
+            embed_dims=[16, 32, 48, 64],
+            depths=[1, 2, 2, 1],
+            num_heads=[1, 2, 3, 4],
+            n_iter=[1, 1, 1, 1],
+            stoken_size=[8, 4, 1, 1],
+            layerscale=[False, False, True, True],
+            init_values=1e-5,
+        ),
+    ),
+    "stvit_tiny_s4221_iter2.pt": (
+        STViT,
+        dict(
+            embed_dims=[16, 32, 48, 64],
+            depths=[1, 1, 2, 1],
+            num_heads=[1, 2, 3, 4],
+            n_iter=[2, 1, 1, 1],
+            stoken_size=[4, 2, 2, 1],
+            layerscale=[False] * 4,
+            init_values=1e-5,
+        ),
+    ),
+    "hatnet_tiny_g8771.pt": (
+        HATNet,
+        dict(
+            dims=[16, 32, 48, 64],
+            head_dim=8,
+            expansions=[2, 2, 2, 2],
+            grid_sizes=[8, 7, 7, 1],
+            ds_ratios=[8, 4, 2, 1],
+            depths=[1, 1, 2, 1],
+            kernel_sizes=[3, 3, 5, 3],
+        ),
+    ),
 }
 
 
@@ -34,8 +61,9 @@ GRAD_ATOL_FP32 = 5e-5
 
 def assert_close(actual, expected, what, atol=ATOL):
     scale = expected.abs().max().clamp_min(1e-12)
-    torch.testing.assert_close(actual.to(expected.dtype) / scale, expected / scale, rtol=1e-4, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(
+        actual.to(expected.dtype) / scale, expected / scale, rtol=1e-4, atol=atol, msg=lambda m: f"{what}: {m}"
+    )
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -110,8 +138,10 @@ def test_golden_data_is_the_recorded_set(reference_dir):
     the project's reference set beside it (../shared/reference), byte-identical to it."""
     import hashlib
     import re
-    recorded = dict(re.findall(r"^\| `([\w.]+)` \|.*\| `([0-9a-f]{64})` \|$", (reference_dir / "README.md").read_text(),
-                               flags=re.M))
+
+    recorded = dict(
+        re.findall(r"^\| `([\w.]+)` \|.*\| `([0-9a-f]{64})` \|$", (reference_dir / "README.md").read_text(), flags=re.M)
+    )
     assert sorted(recorded) == sorted([*CASES, "official_keys.json"])
     shared = reference_dir.parents[2] / "shared" / "reference"
     for name, sha in recorded.items():

@@ -1,5 +1,6 @@
 """tools/gpu_report.py: the CPU smoke run of the GPU report writes every section's rows with measured numbers,
 on a Python where the mm packages cannot be imported (the GPU machine has none)."""
+
 import os
 import re
 import subprocess
@@ -16,13 +17,19 @@ BLOCK_MM = "import sys\nsys.modules.update(dict.fromkeys(['mmengine', 'mmcv', 'm
 
 
 def _run_report(tmp_path, *argv):
-    blocker = tmp_path / 'no_mm'
+    blocker = tmp_path / "no_mm"
     blocker.mkdir()
-    (blocker / 'sitecustomize.py').write_text(BLOCK_MM)
-    out = tmp_path / 'report.md'
-    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(blocker), REPO])}
-    proc = subprocess.run([sys.executable, 'tools/gpu_report.py', '--device', 'cpu', '--quick', '--out', str(out),
-                           *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    (blocker / "sitecustomize.py").write_text(BLOCK_MM)
+    out = tmp_path / "report.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), REPO])}
+    proc = subprocess.run(
+        [sys.executable, "tools/gpu_report.py", "--device", "cpu", "--quick", "--out", str(out), *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = out.read_text()
     assert report.strip() == proc.stdout.strip()  # printed and written alike
@@ -32,72 +39,80 @@ def _run_report(tmp_path, *argv):
 def _tables(report):
     """{section title: [row cells]} of the report's Markdown tables (header and separator dropped)."""
     tables = {}
-    for chunk in report.split('\n## ')[1:]:
-        title, _, body = chunk.partition('\n')
-        rows = [[c.strip() for c in line.strip().strip('|').split('|')] for line in body.splitlines()
-                if line.startswith('|')]
+    for chunk in report.split("\n## ")[1:]:
+        title, _, body = chunk.partition("\n")
+        rows = [
+            [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in body.splitlines()
+            if line.startswith("|")
+        ]
         tables[title] = rows[2:]
     return tables
 
 
 def _number(cell):
-    match = re.fullmatch(r'([0-9.]+(?:e[-+]?\d+)?)x?(?: \(.*\))?', cell)
-    assert match, f'not a number: {cell!r}'
+    match = re.fullmatch(r"([0-9.]+(?:e[-+]?\d+)?)x?(?: \(.*\))?", cell)
+    assert match, f"not a number: {cell!r}"
     return float(match.group(1))
 
 
 def test_quick_cpu_report_has_every_row_measured_without_mm_packages(tmp_path):
-    report = _run_report(tmp_path, '--budget-s', '900')  # a busy test machine must not skip rows
-    assert 'mmengine' not in report and '## Errors' not in report, report
-    for field in ('- date: ', '- device: CPU', f'- torch {torch.__version__}',
-                  '- command: `python tools/gpu_report.py --device cpu --quick --out'):
+    report = _run_report(tmp_path, "--budget-s", "900")  # a busy test machine must not skip rows
+    assert "mmengine" not in report and "## Errors" not in report, report
+    for field in (
+        "- date: ",
+        "- device: CPU",
+        f"- torch {torch.__version__}",
+        "- command: `python tools/gpu_report.py --device cpu --quick --out",
+    ):
         assert field in report
     tables = _tables(report)
-    by_title = {title.split(' (')[0]: rows for title, rows in tables.items()}
-    assert set(by_title) == {'Exactness', 'Training step', 'Throughput', 'torch.compile'}
+    by_title = {title.split(" (")[0]: rows for title, rows in tables.items()}
+    assert set(by_title) == {"Exactness", "Training step", "Throughput", "torch.compile"}
 
-    exact = by_title['Exactness']
-    models = ['STViT-S (shrunk)', 'STViT-S dense (shrunk) 8,4,2,1', 'HAT-Net-S (shrunk)']
-    assert [(r[0], r[1]) for r in exact] == [(m, s) for m in models for s in ('64x96', '224x224', '72x100')]
+    exact = by_title["Exactness"]
+    models = ["STViT-S (shrunk)", "STViT-S dense (shrunk) 8,4,2,1", "HAT-Net-S (shrunk)"]
+    assert [(r[0], r[1]) for r in exact] == [(m, s) for m in models for s in ("64x96", "224x224", "72x100")]
     for model, size, _, plain, _, status in exact:
-        if model.startswith('HAT-Net') and size != '224x224':  # the plain HAT-Net needs divisible sizes
-            assert plain.startswith('n/a: stage maps not divisible') and status == 'n/a'
+        if model.startswith("HAT-Net") and size != "224x224":  # the plain HAT-Net needs divisible sizes
+            assert plain.startswith("n/a: stage maps not divisible") and status == "n/a"
         else:  # fast paths against the plain formulation: the same numbers
-            assert _number(plain) < 1e-4 and status == 'ok', (model, size, plain)
+            assert _number(plain) < 1e-4 and status == "ok", (model, size, plain)
 
-    train = by_title['Training step']
-    assert [(r[0], r[1]) for r in train] == [(m, p) for m in models + ['Swin-T (shrunk)']
-                                             for p in ('bf16', 'fp16', 'fp32')]
+    train = by_title["Training step"]
+    assert [(r[0], r[1]) for r in train] == [
+        (m, p) for m in models + ["Swin-T (shrunk)"] for p in ("bf16", "fp16", "fp32")
+    ]
     for model, precision, seconds, _, vs_swin, finite in train:
         assert _number(seconds) > 0 and _number(vs_swin) > 0, (model, precision)
-        assert finite.startswith('yes'), (model, precision, finite)
-        assert ('scale' in finite) == (precision == 'fp16')  # the GradScaler ran in the fp16 rows only
+        assert finite.startswith("yes"), (model, precision, finite)
+        assert ("scale" in finite) == (precision == "fp16")  # the GradScaler ran in the fp16 rows only
 
-    throughput = by_title['Throughput']
-    assert [r[0] for r in throughput] == ['stvit-shrunk', 'hatnet-shrunk', 'Swin-T (shrunk)']
-    assert all(_number(r[1]) > 0 and _number(r[2]) > 0 and r[3] == 'n/a' for r in throughput)
+    throughput = by_title["Throughput"]
+    assert [r[0] for r in throughput] == ["stvit-shrunk", "hatnet-shrunk", "Swin-T (shrunk)"]
+    assert all(_number(r[1]) > 0 and _number(r[2]) > 0 and r[3] == "n/a" for r in throughput)
 
-    (compiled,) = by_title['torch.compile']
-    assert compiled[0] == 'STViT-S dense (shrunk) 8,4,2,1'
-    assert compiled[4] not in ('n/a', '') and not compiled[4].startswith(('skipped', 'failed')), report
+    (compiled,) = by_title["torch.compile"]
+    assert compiled[0] == "STViT-S dense (shrunk) 8,4,2,1"
+    assert compiled[4] not in ("n/a", "") and not compiled[4].startswith(("skipped", "failed")), report
     compile_s, eager, fast, speedup = map(_number, compiled[1:])
     assert speedup == pytest.approx(eager / fast, rel=0.01, abs=0.01)
     assert compile_s > 0
 
 
 def test_rows_past_the_time_budget_are_skipped_and_the_report_completes(tmp_path):
-    tables = _tables(_run_report(tmp_path, '--budget-s', '0'))
+    tables = _tables(_run_report(tmp_path, "--budget-s", "0"))
     rows = [row for rows in tables.values() for row in rows]
     assert len(rows) == 9 + 12 + 3 + 1
-    assert all(any(c.startswith('skipped: past the 0 s time budget') for c in row) for row in rows)
+    assert all(any(c.startswith("skipped: past the 0 s time budget") for c in row) for row in rows)
 
 
 def test_bad_arguments_are_named(capsys):
-    gpu_report = load_tool('gpu_report')
+    gpu_report = load_tool("gpu_report")
     with pytest.raises(SystemExit):
-        gpu_report.parse_args(['--device', 'cpu', '--official-stvit', 'no/such/stvit.py'])
-    assert 'no/such/stvit.py: no such file' in capsys.readouterr().err
+        gpu_report.parse_args(["--device", "cpu", "--official-stvit", "no/such/stvit.py"])
+    assert "no/such/stvit.py: no such file" in capsys.readouterr().err
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):
-            gpu_report.parse_args(['--device', 'cuda'])
-        assert 'torch sees no CUDA device here' in capsys.readouterr().err
+            gpu_report.parse_args(["--device", "cuda"])
+        assert "torch sees no CUDA device here" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """The registry adapters: buildable from mmdet and mmseg, init_cfg=Pretrained == load_pretrained."""
+
 import pytest
 import torch
 
@@ -16,8 +17,9 @@ def test_build_from_registry_with_pretrained(tmp_path, registry, type_, cls, arc
     torch.manual_seed(0)
     src = cls(arch).eval()
     path = _official_file(src, tmp_path / "official.pth")
-    model = MODELS.build(dict(type=type_, arch=arch, out_indices=(0, 1, 2, 3),
-                              init_cfg=dict(type="Pretrained", checkpoint=str(path))))
+    model = MODELS.build(
+        dict(type=type_, arch=arch, out_indices=(0, 1, 2, 3), init_cfg=dict(type="Pretrained", checkpoint=str(path)))
+    )
     assert isinstance(model, cls)
     model.init_weights()
     model.eval()
@@ -34,27 +36,48 @@ def test_detector_keys_are_backbone_keys_with_prefix(tmp_path):
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
     from mmengine.runner import save_checkpoint
+
     register_all_modules()
-    det = MODELS.build(dict(
-        type="RetinaNet",
-        data_preprocessor=dict(type="DetDataPreprocessor", mean=[0, 0, 0], std=[1, 1, 1], bgr_to_rgb=True),
-        backbone=dict(type="STViT", arch=STVIT_T, out_indices=(1, 2, 3)),
-        neck=dict(type="FPN", in_channels=[64, 128, 256], out_channels=32, start_level=0, add_extra_convs="on_input",
-                  num_outs=5),
-        bbox_head=dict(type="RetinaHead", num_classes=3, in_channels=32, feat_channels=32,
-                       anchor_generator=dict(type="AnchorGenerator", octave_base_scale=4, scales_per_octave=3,
-                                             ratios=[0.5, 1.0, 2.0], strides=[8, 16, 32, 64, 128]),
-                       bbox_coder=dict(type="DeltaXYWHBBoxCoder", target_means=[0.0] * 4, target_stds=[1.0] * 4),
-                       loss_cls=dict(type="FocalLoss", use_sigmoid=True, gamma=2.0, alpha=0.25, loss_weight=1.0),
-                       loss_bbox=dict(type="L1Loss", loss_weight=1.0))))
+    det = MODELS.build(
+        dict(
+            type="RetinaNet",
+            data_preprocessor=dict(type="DetDataPreprocessor", mean=[0, 0, 0], std=[1, 1, 1], bgr_to_rgb=True),
+            backbone=dict(type="STViT", arch=STVIT_T, out_indices=(1, 2, 3)),
+            neck=dict(
+                type="FPN",
+                in_channels=[64, 128, 256],
+                out_channels=32,
+                start_level=0,
+                add_extra_convs="on_input",
+                num_outs=5,
+            ),
+            bbox_head=dict(
+                type="RetinaHead",
+                num_classes=3,
+                in_channels=32,
+                feat_channels=32,
+                anchor_generator=dict(
+                    type="AnchorGenerator",
+                    octave_base_scale=4,
+                    scales_per_octave=3,
+                    ratios=[0.5, 1.0, 2.0],
+                    strides=[8, 16, 32, 64, 128],
+                ),
+                bbox_coder=dict(type="DeltaXYWHBBoxCoder", target_means=[0.0] * 4, target_stds=[1.0] * 4),
+                loss_cls=dict(type="FocalLoss", use_sigmoid=True, gamma=2.0, alpha=0.25, loss_weight=1.0),
+                loss_bbox=dict(type="L1Loss", loss_weight=1.0),
+            ),
+        )
+    )
     pure = STViT(STVIT_T, out_indices=(1, 2, 3))
-    det_keys = [k[len("backbone."):] for k in det.state_dict() if k.startswith("backbone.")]
+    det_keys = [k[len("backbone.") :] for k in det.state_dict() if k.startswith("backbone.")]
     assert det_keys == list(pure.state_dict())
     # A whole-detector checkpoint feeds a backbone through init_cfg with prefix='backbone.'.
     ckpt = tmp_path / "det.pth"
     save_checkpoint({"state_dict": det.state_dict(), "meta": {}}, str(ckpt))
-    bb = backbones.mm.MMSTViT(arch=STVIT_T, out_indices=(1, 2, 3),
-                              init_cfg=dict(type="Pretrained", checkpoint=str(ckpt), prefix="backbone."))
+    bb = backbones.mm.MMSTViT(
+        arch=STVIT_T, out_indices=(1, 2, 3), init_cfg=dict(type="Pretrained", checkpoint=str(ckpt), prefix="backbone.")
+    )
     bb.init_weights()
     for k, v in bb.state_dict().items():
         torch.testing.assert_close(v, det.state_dict()[f"backbone.{k}"], rtol=0, atol=0)
@@ -64,6 +87,7 @@ def _mmseg_stock_with_our_backbone(pretrained=...):
     """mmseg's own UperNet R-50 config (model.pretrained='open-mmlab://resnet50_v1c') with only the
     backbone swapped for a shrunk HAT-Net."""
     from mmengine.config import Config, ConfigDict
+
     cfg = Config.fromstring("_base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'", ".py")
     model = cfg.model
     assert model.pretrained == "open-mmlab://resnet50_v1c"  # what the stock config forwards to the backbone
@@ -79,13 +103,22 @@ def _build_mmseg(model_cfg):
     from mmengine.registry import DefaultScope
     from mmseg.registry import MODELS
     from mmseg.utils import register_all_modules
+
     register_all_modules(init_default_scope=False)
     with DefaultScope.overwrite_default_scope("mmseg"):
         return MODELS.build(model_cfg)
 
 
-@pytest.mark.parametrize("pretrained", ["stock", "torchvision://resnet50", "https://example.org/r50.pth",
-                                        "pretrained/missing_resnet50.pth", "resnet_file"])
+@pytest.mark.parametrize(
+    "pretrained",
+    [
+        "stock",
+        "torchvision://resnet50",
+        "https://example.org/r50.pth",
+        "pretrained/missing_resnet50.pth",
+        "resnet_file",
+    ],
+)
 def test_forwarded_model_pretrained_is_refused_naming_it_and_the_fix(tmp_path, pretrained):
     if pretrained == "resnet_file":  # an existing checkpoint, of another network
         pretrained = str(tmp_path / "resnet50.pth")

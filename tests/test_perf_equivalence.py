@@ -1,6 +1,7 @@
 """The speed / memory code paths compute exactly what the plain formulation (fast paths off) computes, forward and
 gradients: STViT's recomputing MLP tail (``_MlpTail``), the row chunks, the NHWC unfold / fold of the super-token
 association, the oneDNN attention kernels and the channels_last layout."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -38,8 +39,13 @@ def test_mlp_tail_equals_plain(frozen):
 
 @pytest.mark.parametrize("kernel", [3, 5])
 def test_mlp_tail_gradcheck(kernel):
-    args = [torch.randn(1, 6, 4, 5), torch.randn(6, 1, kernel, kernel), torch.randn(6), torch.randn(3, 6, 1, 1),
-            torch.randn(3)]
+    args = [
+        torch.randn(1, 6, 4, 5),
+        torch.randn(6, 1, kernel, kernel),
+        torch.randn(6),
+        torch.randn(3, 6, 1, 1),
+        torch.randn(3),
+    ]
     conv_args = ((1, 1), (kernel // 2, kernel // 2), (1, 1), 6)
     inputs = [a.double().requires_grad_() for a in args]
     assert torch.autograd.gradcheck(lambda *a: _MlpTail.apply(*a, conv_args), inputs)
@@ -65,7 +71,7 @@ def test_stvit_train_step_equals_reference(recompute, with_cp):
     torch.manual_seed(0)
     arch = {**STVIT_T, "stoken_size": [4, 2, 2, 1]}
     model = STViT(arch, with_cp=with_cp).train()
-    with fast_paths(True, mlp_recompute_numel=0 if recompute else 2 ** 62):
+    with fast_paths(True, mlp_recompute_numel=0 if recompute else 2**62):
         outs, ref_outs, grads = outputs_and_grads(model, torch.randn(2, 3, 72, 100))
     for i, (a, b) in enumerate(zip(outs, ref_outs)):
         assert_close(a, b, f"stage {i}")
@@ -101,6 +107,7 @@ def test_onednn_attention_equals_sdpa(shape, chunked):
 
 def _check_onednn_attention(shape, chunked):
     from backbones import _attention
+
     B, nh, n_q, n_k, d = shape
     torch.manual_seed(0)
     qkv = torch.randn(B, n_q, 3, nh, d).permute(2, 0, 3, 1, 4)  # strided (B, heads, N, d) views
@@ -112,7 +119,7 @@ def _check_onednn_attention(shape, chunked):
     assert kernel is (_attention._OneDnnChunkedAttention if chunked else _attention._OneDnnAttention)
     if chunked:
         assert len(kernel._chunks(n_q, n_k)) > 3
-    scale = d ** -0.5
+    scale = d**-0.5
     out = _attention.attention(q_view, k, v, scale)
     ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
     assert_close(out, ref, "out")
@@ -123,6 +130,7 @@ def _check_onednn_attention(shape, chunked):
 
 def test_attention_dispatch():
     from backbones._attention import _onednn_kernel, _OneDnnAttention, _OneDnnChunkedAttention
+
     cpu = torch.zeros(1, 5, 1176, 64)
     assert _onednn_kernel(cpu, cpu) is _OneDnnAttention
     assert _onednn_kernel(cpu[:, :, :100], cpu[:, :, :100]) is None  # few keys: SDPA
@@ -137,6 +145,7 @@ def test_row_chunked_hidden_layers_are_exact(family, kernel):
     """The row-chunked MLP / inverted residual (halo rows for the depthwise conv) computes what the whole map
     computes: outputs and gradients of input and parameters, including the first/last rows and odd heights."""
     from backbones.hatnet import InvertedResidual
+
     torch.manual_seed(0)
     m = InvertedResidual(8, 32, kernel) if family == "hatnet" else Mlp(8, 32)
     x = torch.randn(2, 8, 23, 10).contiguous(memory_format=torch.channels_last).requires_grad_()
@@ -170,6 +179,7 @@ def test_mlp_with_a_5x5_depthwise_conv_at_a_chunked_size(recompute):
     """A researcher's larger depthwise kernel: the row chunks' halo and the recomputing backward read the conv's
     own padding (the recomputation once hard-coded padding 1 and crashed on large fp32 training inputs)."""
     from backbones.stvit import ResDWC
+
     torch.manual_seed(0)
     m = Mlp(8, 32)
     m.conv = ResDWC(32, 5)
@@ -177,7 +187,8 @@ def test_mlp_with_a_5x5_depthwise_conv_at_a_chunked_size(recompute):
     heights = []
     m.fc1.register_forward_pre_hook(lambda _, args: heights.append(args[0].shape[2]))
     (y, grads, fns), (y_ref, grads_ref, _) = _fast_and_plain_mlp(
-        m, x, row_chunk_bytes=2 * 32 * 10 * 4 * 3, mlp_recompute_numel=0 if recompute else 2 ** 62)
+        m, x, row_chunk_bytes=2 * 32 * 10 * 4 * 3, mlp_recompute_numel=0 if recompute else 2**62
+    )
     assert ("_MlpTailBackward" in fns) == recompute
     assert len(heights) >= 7 and max(heights[:-1]) <= 3 + 2 * 2 + 1  # chunks with 2 halo rows, then the plain run
     assert_close(y, y_ref, "out")

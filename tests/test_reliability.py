@@ -22,41 +22,48 @@ sys.path.insert(0, REPO)
 TIMEOUT = 240
 
 
-train_tool, tiny_data = load_tool('train'), load_tool('make_tiny_data')
+train_tool, tiny_data = load_tool("train"), load_tool("make_tiny_data")
 
 
 def free_port():
     with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
+        s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def env():
-    return {**os.environ, 'OMP_NUM_THREADS': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(free_port())}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp('data')
+    out = tmp_path_factory.mktemp("data")
     tiny_data.make_ade20k(out, num_train=8, num_val=2, seed=0)
     return str(out)
 
 
 def seg_opts(root, *extra):
     opts = []
-    for split in ('train', 'val', 'test'):
-        opts += [f'{split}_dataloader.dataset.data_root={root}/tiny_ade20k/', f'{split}_dataloader.num_workers=0']
+    for split in ("train", "val", "test"):
+        opts += [f"{split}_dataloader.dataset.data_root={root}/tiny_ade20k/", f"{split}_dataloader.num_workers=0"]
     # 64 px crops of 128 px images, batch 2: a step takes a fraction of a second on one core
-    return opts + ['train_dataloader.batch_size=2', 'crop_size=(64,64)', 'model.data_preprocessor.size=(64,64)',
-                   'train_dataloader.dataset.pipeline.2.scale=(128,64)',
-                   'train_dataloader.dataset.pipeline.3.crop_size=(64,64)',
-                   'trainer.enable_progress_bar=False', 'trainer.enable_model_summary=False',
-                   'trainer.log_every_n_steps=1', 'trainer.limit_val_batches=0', 'checkpoint_callback.monitor=None',
-                   *extra]
+    return opts + [
+        "train_dataloader.batch_size=2",
+        "crop_size=(64,64)",
+        "model.data_preprocessor.size=(64,64)",
+        "train_dataloader.dataset.pipeline.2.scale=(128,64)",
+        "train_dataloader.dataset.pipeline.3.crop_size=(64,64)",
+        "trainer.enable_progress_bar=False",
+        "trainer.enable_model_summary=False",
+        "trainer.log_every_n_steps=1",
+        "trainer.limit_val_batches=0",
+        "checkpoint_callback.monitor=None",
+        *extra,
+    ]
 
 
 def _ckpt(path):
-    return torch.load(path, map_location='cpu', weights_only=True)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 # --- SIGKILL mid-epoch, then --resume -----------------------------------------------------------------------
@@ -65,27 +72,38 @@ def ddp_opts(devices):
     rank waiting for a dead peer gives up instead of hanging."""
     if devices == 1:
         return []
-    return [f'trainer.devices={devices}', 'trainer.accelerator=cpu', 'trainer.strategy.type=ddp',
-            'trainer.strategy.timeout=60']
+    return [
+        f"trainer.devices={devices}",
+        "trainer.accelerator=cpu",
+        "trainer.strategy.type=ddp",
+        "trainer.strategy.timeout=60",
+    ]
 
 
 def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
     """Runs ``cmd`` (``steps`` optimizer steps, ``per_epoch`` batches an epoch, last.ckpt every 3 steps) once
     uninterrupted and once SIGKILLed mid-epoch then resumed; returns the final checkpoint."""
-    ref, run = tmp_path / 'ref', tmp_path / 'run'
+    ref, run = tmp_path / "ref", tmp_path / "run"
     start = time.monotonic()
-    proc = subprocess.run([*cmd, '--work-dir', str(ref)], cwd=REPO, env=env(), capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    proc = subprocess.run(
+        [*cmd, "--work-dir", str(ref)], cwd=REPO, env=env(), capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     uninterrupted = time.monotonic() - start
 
     # same run, SIGKILLed as soon as the first periodic checkpoint (step 3) is on disk: every process of the
     # job at once (its process group, as a scheduler's kill does; under DDP rank 1 is rank 0's child)
-    p = subprocess.Popen([*cmd, '--work-dir', str(run)], cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        [*cmd, "--work-dir", str(run)],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + TIMEOUT
-        while not (run / 'last.ckpt').exists() and p.poll() is None and time.monotonic() < deadline:
+        while not (run / "last.ckpt").exists() and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         os.killpg(p.pid, signal.SIGKILL)
     finally:
@@ -93,63 +111,88 @@ def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
             os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     assert p.returncode == -signal.SIGKILL
-    killed_at = _ckpt(run / 'last.ckpt')['global_step']
+    killed_at = _ckpt(run / "last.ckpt")["global_step"]
     assert 0 < killed_at < steps and killed_at % per_epoch != 0, killed_at  # mid-epoch
 
-    proc = subprocess.run([*cmd, '--work-dir', str(run), '--resume'], cwd=REPO, env=env(), capture_output=True,
-                          text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [*cmd, "--work-dir", str(run), "--resume"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    a, b = _ckpt(ref / 'last.ckpt'), _ckpt(run / 'last.ckpt')
-    assert a['global_step'] == b['global_step'] == steps
-    assert a['state_dict'].keys() == b['state_dict'].keys()
-    for k in a['state_dict']:
-        assert torch.equal(a['state_dict'][k], b['state_dict'][k]), k
-    for sa, sb in zip(a['optimizer_states'][0]['state'].values(), b['optimizer_states'][0]['state'].values()):
+    a, b = _ckpt(ref / "last.ckpt"), _ckpt(run / "last.ckpt")
+    assert a["global_step"] == b["global_step"] == steps
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for k in a["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
         assert all(torch.equal(sa[n], sb[n]) for n in sa)
-    assert a['lr_schedulers'] == b['lr_schedulers']
-    assert [p for p in os.listdir(run) if p.endswith('.tmp')] == []
-    print(f'killed after the checkpoint of step {killed_at} of {steps}; uninterrupted run '
-          f'{uninterrupted:.1f} s, kill + resume + uninterrupted {time.monotonic() - start:.1f} s')
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    assert [p for p in os.listdir(run) if p.endswith(".tmp")] == []
+    print(
+        f"killed after the checkpoint of step {killed_at} of {steps}; uninterrupted run "
+        f"{uninterrupted:.1f} s, kill + resume + uninterrupted {time.monotonic() - start:.1f} s"
+    )
     return b
 
 
 def _train_loader_state(ckpt):
-    return ckpt['loops']['fit_loop']['state_dict']['combined_loader'][0]
+    return ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
 
 
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(data_dir, tmp_path):
     # 4 batches per epoch, 9 steps (2 epochs + 1 batch), last.ckpt every 3 steps: the kill lands mid-epoch.
-    opts = seg_opts(data_dir, 'trainer.max_steps=9', 'trainer.val_check_interval=9', 'trainer.deterministic=True',
-                    'checkpoint_every_n_steps=3')
-    ckpt = _kill_and_resume_is_bit_identical([sys.executable, 'tools/train.py', SEG_CFG, '--cfg-options', *opts],
-                                             tmp_path, steps=9, per_epoch=4)
-    assert _train_loader_state(ckpt)['batch_sampler'] == 'BatchSampler'  # mmseg's config has no batch_sampler
+    opts = seg_opts(
+        data_dir,
+        "trainer.max_steps=9",
+        "trainer.val_check_interval=9",
+        "trainer.deterministic=True",
+        "checkpoint_every_n_steps=3",
+    )
+    ckpt = _kill_and_resume_is_bit_identical(
+        [sys.executable, "tools/train.py", SEG_CFG, "--cfg-options", *opts], tmp_path, steps=9, per_epoch=4
+    )
+    assert _train_loader_state(ckpt)["batch_sampler"] == "BatchSampler"  # mmseg's config has no batch_sampler
 
 
 def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
     # The detection demo inherits mmdet's batch_sampler=AspectRatioBatchSampler; 8 training images of both
     # orientations (one of the 9 has no objects), 4 batches of 2 per epoch.
-    tiny_data.make_coco(tmp_path / 'data', num_train=9, num_val=1, seed=0)
-    root = tmp_path / 'data' / 'tiny_coco'
+    tiny_data.make_coco(tmp_path / "data", num_train=9, num_val=1, seed=0)
+    root = tmp_path / "data" / "tiny_coco"
     opts = []
-    for split in ('train', 'val', 'test'):
-        opts += [f'{split}_dataloader.dataset.data_root={root}/', f'{split}_dataloader.num_workers=0']
-    opts += ['train_dataloader.batch_size=2', 'train_dataloader.dataset.pipeline.2.scale=(96,96)',
-             'trainer.max_steps=6', 'trainer.max_epochs=-1', 'trainer.limit_val_batches=0',
-             'trainer.enable_progress_bar=False', 'trainer.enable_model_summary=False', 'trainer.deterministic=True',
-             'checkpoint_callback.monitor=None', 'checkpoint_every_n_steps=3']
-    ckpt = _kill_and_resume_is_bit_identical([sys.executable, 'tools/train.py', DET_CFG, '--cfg-options', *opts],
-                                             tmp_path, steps=6, per_epoch=4)
-    assert _train_loader_state(ckpt)['batch_sampler'] == 'AspectRatioBatchSampler'
+    for split in ("train", "val", "test"):
+        opts += [f"{split}_dataloader.dataset.data_root={root}/", f"{split}_dataloader.num_workers=0"]
+    opts += [
+        "train_dataloader.batch_size=2",
+        "train_dataloader.dataset.pipeline.2.scale=(96,96)",
+        "trainer.max_steps=6",
+        "trainer.max_epochs=-1",
+        "trainer.limit_val_batches=0",
+        "trainer.enable_progress_bar=False",
+        "trainer.enable_model_summary=False",
+        "trainer.deterministic=True",
+        "checkpoint_callback.monitor=None",
+        "checkpoint_every_n_steps=3",
+    ]
+    ckpt = _kill_and_resume_is_bit_identical(
+        [sys.executable, "tools/train.py", DET_CFG, "--cfg-options", *opts], tmp_path, steps=6, per_epoch=4
+    )
+    assert _train_loader_state(ckpt)["batch_sampler"] == "AspectRatioBatchSampler"
 
 
 def test_sigkill_mid_epoch_then_resume_two_ddp_processes(data_dir, tmp_path):
     # 2 processes (gloo DDP): 8 images, batch 2, 2 batches per rank and epoch; 5 steps, last.ckpt every 3 steps,
     # so the kill lands mid-epoch and the resumed run crosses an epoch boundary.
-    opts = seg_opts(data_dir, 'trainer.max_steps=5', 'trainer.val_check_interval=5', 'trainer.deterministic=True',
-                    'checkpoint_every_n_steps=3', *ddp_opts(2))
-    _kill_and_resume_is_bit_identical([sys.executable, 'tools/train.py', SEG_CFG, '--cfg-options', *opts],
-                                      tmp_path, steps=5, per_epoch=2)
+    opts = seg_opts(
+        data_dir,
+        "trainer.max_steps=5",
+        "trainer.val_check_interval=5",
+        "trainer.deterministic=True",
+        "checkpoint_every_n_steps=3",
+        *ddp_opts(2),
+    )
+    _kill_and_resume_is_bit_identical(
+        [sys.executable, "tools/train.py", SEG_CFG, "--cfg-options", *opts], tmp_path, steps=5, per_epoch=2
+    )
 
 
 # --- non-finite loss ----------------------------------------------------------------------------------------
@@ -164,7 +207,8 @@ class NaNAtBatch(L.Callback):
         def hook(mod, args, out):
             if mod.training and self.batches == self.n:
                 self.injected_at = time.monotonic()
-                return out * float('nan')
+                return out * float("nan")
+
         self.handle = module.model.decode_head.conv_seg.register_forward_hook(hook)
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
@@ -177,30 +221,49 @@ class NaNAtBatch(L.Callback):
 
 def test_nan_loss_stops_naming_step_and_term_and_keeps_last_checkpoint(data_dir, tmp_path):
     nan = NaNAtBatch(3)
-    with pytest.raises(FloatingPointError, match=r"(?s)non-finite loss at step 3 .*decode\.loss_ce=nan.*"
-                                                 r"nonfinite_loss='skip'") as info:
-        train_tool.main([SEG_CFG, '--work-dir', str(tmp_path), '--cfg-options',
-                         *seg_opts(data_dir, 'trainer.max_steps=6', 'checkpoint_every_n_steps=1')], callbacks=[nan])
+    with pytest.raises(
+        FloatingPointError,
+        match=r"(?s)non-finite loss at step 3 .*decode\.loss_ce=nan.*"
+        r"nonfinite_loss='skip'",
+    ) as info:
+        train_tool.main(
+            [
+                SEG_CFG,
+                "--work-dir",
+                str(tmp_path),
+                "--cfg-options",
+                *seg_opts(data_dir, "trainer.max_steps=6", "checkpoint_every_n_steps=1"),
+            ],
+            callbacks=[nan],
+        )
     stopped_in = time.monotonic() - nan.injected_at
-    assert 'aux.loss_ce=nan' not in str(info.value)
-    ckpt = _ckpt(tmp_path / 'last.ckpt')
-    assert ckpt['global_step'] == 3  # the last good state, not overwritten by the failed step
-    assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values() if v.is_floating_point())
+    assert "aux.loss_ce=nan" not in str(info.value)
+    ckpt = _ckpt(tmp_path / "last.ckpt")
+    assert ckpt["global_step"] == 3  # the last good state, not overwritten by the failed step
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
     assert stopped_in < 5
-    print(f'NaN at step 3: stopped in {stopped_in:.2f} s; last.ckpt from step {ckpt["global_step"]}')
+    print(f"NaN at step 3: stopped in {stopped_in:.2f} s; last.ckpt from step {ckpt['global_step']}")
 
 
 def test_nan_loss_skip_mode_skips_and_counts(data_dir, tmp_path):
-    train_tool.main([SEG_CFG, '--work-dir', str(tmp_path), '--cfg-options',
-                     *seg_opts(data_dir, 'trainer.max_steps=4', 'nonfinite_loss=skip', 'checkpoint_every_n_steps=4')],
-                    callbacks=[NaNAtBatch(1)])
-    ckpt = _ckpt(tmp_path / 'last.ckpt')
-    assert ckpt['skipped_nonfinite'] == 1 and ckpt['global_step'] == 4
-    assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values() if v.is_floating_point())
+    train_tool.main(
+        [
+            SEG_CFG,
+            "--work-dir",
+            str(tmp_path),
+            "--cfg-options",
+            *seg_opts(data_dir, "trainer.max_steps=4", "nonfinite_loss=skip", "checkpoint_every_n_steps=4"),
+        ],
+        callbacks=[NaNAtBatch(1)],
+    )
+    ckpt = _ckpt(tmp_path / "last.ckpt")
+    assert ckpt["skipped_nonfinite"] == 1 and ckpt["global_step"] == 4
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
     import csv
-    with open(next((tmp_path / 'logs').rglob('metrics.csv'))) as f:
+
+    with open(next((tmp_path / "logs").rglob("metrics.csv"))) as f:
         rows = list(csv.DictReader(f))
-    assert max(float(r['train/skipped_nonfinite']) for r in rows if r.get('train/skipped_nonfinite')) == 1
+    assert max(float(r["train/skipped_nonfinite"]) for r in rows if r.get("train/skipped_nonfinite")) == 1
 
 
 NAN_ON_RANK1_DRIVER = '''
@@ -261,32 +324,37 @@ def test_nan_on_one_ddp_rank_skip_mode_both_ranks_skip(data_dir, tmp_path):
     ranks skip that step (no optimizer step anywhere: every rank's parameters and BatchNorm statistics after it
     equal those before it, and the ranks' parameters stay equal), neither hangs, and training carries on to
     max_steps with finite weights and statistics."""
-    driver = tmp_path / 'driver.py'
+    driver = tmp_path / "driver.py"
     driver.write_text(NAN_ON_RANK1_DRIVER.format(repo=REPO, out=str(tmp_path), at=1))
-    opts = seg_opts(data_dir, 'trainer.max_steps=3', 'nonfinite_loss=skip', *ddp_opts(2))
+    opts = seg_opts(data_dir, "trainer.max_steps=3", "nonfinite_loss=skip", *ddp_opts(2))
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(driver), SEG_CFG, '--work-dir', str(tmp_path / 'w'),
-                           '--cfg-options', *opts], cwd=REPO, env=env(), capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, str(driver), SEG_CFG, "--work-dir", str(tmp_path / "w"), "--cfg-options", *opts],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     took = time.monotonic() - start
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    ranks = [json.loads((tmp_path / f'rank{r}.json').read_text()) for r in (0, 1)]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r, rec in enumerate(ranks):
-        assert rec['before'] == rec['after'], f'rank {r} stepped on the NaN batch'
-        assert rec['finite'], f'rank {r} ended with non-finite weights or BatchNorm statistics'
-        assert rec['skipped'] == 1 and rec['batches'] == 3 and rec['step_after'] == 2, rec  # the skip counts
+        assert rec["before"] == rec["after"], f"rank {r} stepped on the NaN batch"
+        assert rec["finite"], f"rank {r} ended with non-finite weights or BatchNorm statistics"
+        assert rec["skipped"] == 1 and rec["batches"] == 3 and rec["step_after"] == 2, rec  # the skip counts
     # parameters: equal on both ranks (BatchNorm statistics are per rank under DDP, as in mmengine)
-    assert ranks[0]['before'][0] == ranks[1]['before'][0] and ranks[0]['final'][0] == ranks[1]['final'][0]
-    assert ranks[0]['final'][0] != ranks[0]['after'][0]  # the step after the skipped one did train
-    assert 'non-finite on another rank' in out and 'decode.loss_ce=nan' in out, out[-4000:]
-    ckpt = _ckpt(tmp_path / 'w' / 'last.ckpt')
-    assert ckpt['global_step'] == 3 and ckpt['skipped_nonfinite'] == 1
-    print(f'NaN on rank 1 only: both ranks skipped, run took {took:.1f} s')
+    assert ranks[0]["before"][0] == ranks[1]["before"][0] and ranks[0]["final"][0] == ranks[1]["final"][0]
+    assert ranks[0]["final"][0] != ranks[0]["after"][0]  # the step after the skipped one did train
+    assert "non-finite on another rank" in out and "decode.loss_ce=nan" in out, out[-4000:]
+    ckpt = _ckpt(tmp_path / "w" / "last.ckpt")
+    assert ckpt["global_step"] == 3 and ckpt["skipped_nonfinite"] == 1
+    print(f"NaN on rank 1 only: both ranks skipped, run took {took:.1f} s")
 
 
 # --- a failing DDP rank -------------------------------------------------------------------------------------
-DDP_DRIVER = '''
+DDP_DRIVER = """
 import importlib.util, os, sys, time
 import lightning as L
 spec = importlib.util.spec_from_file_location('train_tool', os.path.join({repo!r}, 'tools', 'train.py'))
@@ -301,24 +369,37 @@ class Boom(L.Callback):
             raise RuntimeError('injected failure')
 
 train.cli(sys.argv[1:], callbacks=[Boom()])
-'''
+"""
 
 
 def test_exception_on_one_ddp_rank_ends_all_ranks_and_names_it(data_dir, tmp_path):
-    marker = tmp_path / 'raised_at'
-    driver = tmp_path / 'driver.py'
+    marker = tmp_path / "raised_at"
+    driver = tmp_path / "driver.py"
     driver.write_text(DDP_DRIVER.format(repo=REPO, marker=str(marker)))
-    opts = seg_opts(data_dir, 'trainer.max_steps=20', 'trainer.devices=2', 'trainer.accelerator=cpu',
-                    'trainer.strategy.type=ddp', 'trainer.strategy.timeout=60')
+    opts = seg_opts(
+        data_dir,
+        "trainer.max_steps=20",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "trainer.strategy.type=ddp",
+        "trainer.strategy.timeout=60",
+    )
     start = time.time()
-    proc = subprocess.run([sys.executable, str(driver), SEG_CFG, '--work-dir', str(tmp_path / 'w'),
-                           '--cfg-options', *opts], cwd=REPO, env=env(), capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, str(driver), SEG_CFG, "--work-dir", str(tmp_path / "w"), "--cfg-options", *opts],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     end = time.time()
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert 'rank 1 failed: RuntimeError: injected failure' in out, out[-4000:]
+    assert "rank 1 failed: RuntimeError: injected failure" in out, out[-4000:]
     after = end - float(marker.read_text())
     assert after < 60, after
-    print(f'rank 1 raised at step 2: all ranks gone {after:.1f} s later (total {end - start:.0f} s), '
-          f'exit status {proc.returncode}')
+    print(
+        f"rank 1 raised at step 2: all ranks gone {after:.1f} s later (total {end - start:.0f} s), "
+        f"exit status {proc.returncode}"
+    )

@@ -22,15 +22,13 @@ from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 sys.path.insert(0, REPO)
 
 
-
-
-train_tool, test_tool, tiny_data = load_tool('train'), load_tool('test'), load_tool('make_tiny_data')
+train_tool, test_tool, tiny_data = load_tool("train"), load_tool("test"), load_tool("make_tiny_data")
 
 
 # --- writers killed mid-write -------------------------------------------------------------------------------
 # The writer process stops (a profile hook sleeps) at a known point - right before the rename of a fully
 # written temp file, or while torch.save is still streaming the checkpoint - and is SIGKILLed there.
-WRITER = r'''
+WRITER = r"""
 import os, sys, time
 sys.path.insert(0, {repo!r})
 import torch
@@ -60,151 +58,169 @@ elif which == 'metrics':
 elif which == 'export':
     from backbones.export import save_torch
     save_torch({{'w': torch.full((100000,), 2.0)}}, path)
-'''
+"""
 
 
 def _write_v1(which, path):
-    if which.startswith('ckpt'):
+    if which.startswith("ckpt"):
         from tasks.checkpoint_io import AtomicCheckpointIO
-        AtomicCheckpointIO().save_checkpoint({'w': torch.ones(3)}, path)
-    elif which == 'metrics':
+
+        AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, path)
+    elif which == "metrics":
         from tasks.checkpoint_io import write_json
-        write_json(path, {'mIoU': 0.1})
+
+        write_json(path, {"mIoU": 0.1})
     else:
         from backbones.export import save_torch
-        save_torch({'w': torch.ones(3)}, path)
+
+        save_torch({"w": torch.ones(3)}, path)
 
 
 def _read(which, path):
-    return json.loads(open(path).read()) if which == 'metrics' else torch.load(path, weights_only=True)
+    return json.loads(open(path).read()) if which == "metrics" else torch.load(path, weights_only=True)
 
 
-@pytest.mark.parametrize('which', ['ckpt', 'ckpt_streaming', 'metrics', 'export'])
+@pytest.mark.parametrize("which", ["ckpt", "ckpt_streaming", "metrics", "export"])
 def test_kill_during_write_keeps_previous_file(which, tmp_path):
-    path = tmp_path / ('metrics.json' if which == 'metrics' else 'last.ckpt')
-    marker = tmp_path / 'writing'
+    path = tmp_path / ("metrics.json" if which == "metrics" else "last.ckpt")
+    marker = tmp_path / "writing"
     _write_v1(which, path)
     before = path.read_bytes()
-    script = tmp_path / 'writer.py'
+    script = tmp_path / "writer.py"
     script.write_text(WRITER.format(repo=REPO))
-    p = subprocess.Popen([sys.executable, str(script), which, str(path), str(marker)],
-                         env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    p = subprocess.Popen(
+        [sys.executable, str(script), which, str(path), str(marker)], env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     try:
         deadline = time.monotonic() + 120
         while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert marker.exists(), f'writer exited with {p.poll()} before the injection point'
-        temps = [f for f in os.listdir(tmp_path) if f.endswith('.tmp')]
-        assert temps, 'the writer should be holding a temp file at this point'
+        assert marker.exists(), f"writer exited with {p.poll()} before the injection point"
+        temps = [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+        assert temps, "the writer should be holding a temp file at this point"
         os.kill(p.pid, signal.SIGKILL)
     finally:
         p.kill()
         p.wait()
     assert path.read_bytes() == before  # the previous version, byte for byte
     old = _read(which, path)
-    assert old == {'mIoU': 0.1} if which == 'metrics' else torch.equal(old['w'], torch.ones(3))
+    assert old == {"mIoU": 0.1} if which == "metrics" else torch.equal(old["w"], torch.ones(3))
     _write_v1(which, path)  # the next write removes the dead writer's temp file
-    assert [f for f in os.listdir(tmp_path) if f.endswith('.tmp')] == []
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
 
 
 # --- bad data -----------------------------------------------------------------------------------------------
 @pytest.fixture()
 def ade(tmp_path):
     tiny_data.make_ade20k(tmp_path, num_train=2, num_val=2, seed=0)
-    return tmp_path / 'tiny_ade20k'
+    return tmp_path / "tiny_ade20k"
 
 
 @pytest.fixture()
 def coco(tmp_path):
     tiny_data.make_coco(tmp_path, num_train=12, num_val=2, seed=0)
-    return tmp_path / 'tiny_coco'
+    return tmp_path / "tiny_coco"
 
 
 def _datamodule(cfg_path, root, scope):
     from tasks.config import load_config
     from tasks.data import MMDataModule
-    opts = {f'{s}_dataloader.dataset.data_root': f'{root}/' for s in ('train', 'val', 'test')}
+
+    opts = {f"{s}_dataloader.dataset.data_root": f"{root}/" for s in ("train", "val", "test")}
     return MMDataModule(load_config(cfg_path, opts), scope)
 
 
 def _all_samples(dm, split):
     from tasks.data import CheckedDataset
+
     ds = CheckedDataset(dm.dataset(split), split)
     return [ds[(i, 0)] for i in range(len(ds))]
 
 
 def test_missing_image_names_the_file(coco):
     from tasks.data import DataError
-    ann = json.loads((coco / 'annotations' / 'instances_train2017.json').read_text())
-    with_objects = {a['image_id'] for a in ann['annotations']}
-    name = next(i['file_name'] for i in ann['images'] if i['id'] in with_objects)
-    victim = coco / 'train2017' / name  # listed in the annotation file, gone from the disk
+
+    ann = json.loads((coco / "annotations" / "instances_train2017.json").read_text())
+    with_objects = {a["image_id"] for a in ann["annotations"]}
+    name = next(i["file_name"] for i in ann["images"] if i["id"] in with_objects)
+    victim = coco / "train2017" / name  # listed in the annotation file, gone from the disk
     victim.unlink()
-    with pytest.raises(DataError, match=rf'{victim} does not exist'):
-        _all_samples(_datamodule(DET_CFG, coco, 'mmdet'), 'train')
+    with pytest.raises(DataError, match=rf"{victim} does not exist"):
+        _all_samples(_datamodule(DET_CFG, coco, "mmdet"), "train")
 
 
 def test_truncated_jpeg_names_the_file(ade):
     from tasks.data import DataError
-    victim = sorted((ade / 'images' / 'training').iterdir())[0]
+
+    victim = sorted((ade / "images" / "training").iterdir())[0]
     victim.write_bytes(victim.read_bytes()[:2000])
-    with pytest.raises(DataError, match=rf'{victim} is a truncated JPEG'):
-        _all_samples(_datamodule(SEG_CFG, ade, 'mmseg'), 'train')
+    with pytest.raises(DataError, match=rf"{victim} is a truncated JPEG"):
+        _all_samples(_datamodule(SEG_CFG, ade, "mmseg"), "train")
 
 
 def test_unreadable_image_names_the_file(ade):
     from tasks.data import DataError
-    victim = sorted((ade / 'images' / 'validation').iterdir())[0]
-    victim.write_bytes(b'not an image at all')
-    with pytest.raises(DataError, match=rf'(?s)validation.*{victim.name}.*could not be loaded'):
-        _all_samples(_datamodule(SEG_CFG, ade, 'mmseg'), 'val')
+
+    victim = sorted((ade / "images" / "validation").iterdir())[0]
+    victim.write_bytes(b"not an image at all")
+    with pytest.raises(DataError, match=rf"(?s)validation.*{victim.name}.*could not be loaded"):
+        _all_samples(_datamodule(SEG_CFG, ade, "mmseg"), "val")
 
 
 def test_segmentation_label_above_num_classes_is_an_error(ade):
     from tasks.data import DataError
-    victim = sorted((ade / 'annotations' / 'validation').iterdir())[0]
+
+    victim = sorted((ade / "annotations" / "validation").iterdir())[0]
     seg = np.array(Image.open(victim))
     seg[:4, :4] = 200  # 199 after reduce_zero_label; ADE20K has 150 classes
     Image.fromarray(seg).save(victim)
-    with pytest.raises(DataError, match=rf'{victim} has labels \[199\].*outside 0\.\.149'):
-        _all_samples(_datamodule(SEG_CFG, ade, 'mmseg'), 'val')
+    with pytest.raises(DataError, match=rf"{victim} has labels \[199\].*outside 0\.\.149"):
+        _all_samples(_datamodule(SEG_CFG, ade, "mmseg"), "val")
 
 
-@pytest.mark.parametrize('kind', ['gray', 'rgba', 'gray16', 'rgb16'])
+@pytest.mark.parametrize("kind", ["gray", "rgba", "gray16", "rgb16"])
 def test_grayscale_rgba_16bit_png_load_as_8bit_bgr(kind, tmp_path):
     from mmcv.transforms import LoadImageFromFile
+
     rng = np.random.default_rng(0)
-    arr = {'gray': rng.integers(0, 256, (20, 30), dtype=np.uint8),
-           'rgba': rng.integers(0, 256, (20, 30, 4), dtype=np.uint8),
-           'gray16': rng.integers(0, 65536, (20, 30), dtype=np.uint16),
-           'rgb16': rng.integers(0, 65536, (20, 30, 3), dtype=np.uint16)}[kind]
-    path = str(tmp_path / f'{kind}.png')
-    if kind == 'rgb16':
+    arr = {
+        "gray": rng.integers(0, 256, (20, 30), dtype=np.uint8),
+        "rgba": rng.integers(0, 256, (20, 30, 4), dtype=np.uint8),
+        "gray16": rng.integers(0, 65536, (20, 30), dtype=np.uint16),
+        "rgb16": rng.integers(0, 65536, (20, 30, 3), dtype=np.uint16),
+    }[kind]
+    path = str(tmp_path / f"{kind}.png")
+    if kind == "rgb16":
         import cv2
+
         cv2.imwrite(path, arr)
     else:
         Image.fromarray(arr).save(path)
-    img = LoadImageFromFile()(dict(img_path=path))['img']
+    img = LoadImageFromFile()(dict(img_path=path))["img"]
     assert img.shape == (20, 30, 3) and img.dtype == np.uint8
 
 
 def test_coco_unknown_category_id_is_an_error(coco):
     from tasks.data import DataError
-    ann_file = coco / 'annotations' / 'instances_train2017.json'
+
+    ann_file = coco / "annotations" / "instances_train2017.json"
     data = json.loads(ann_file.read_text())
-    data['annotations'][0]['category_id'] = 99
+    data["annotations"][0]["category_id"] = 99
     ann_file.write_text(json.dumps(data))
-    with pytest.raises(DataError, match=rf"(?s){ann_file}.*not listed in its 'categories' \[1, 3, 7\]: 99 "
-                                        rf"\(annotation ids \[{data['annotations'][0]['id']}\]\)"):
-        _datamodule(DET_CFG, coco, 'mmdet').dataset('train')
+    with pytest.raises(
+        DataError,
+        match=rf"(?s){ann_file}.*not listed in its 'categories' \[1, 3, 7\]: 99 "
+        rf"\(annotation ids \[{data['annotations'][0]['id']}\]\)",
+    ):
+        _datamodule(DET_CFG, coco, "mmdet").dataset("train")
 
 
 def _rename_categories(coco, names):
-    for split in ('train', 'val'):
-        ann_file = coco / 'annotations' / f'instances_{split}2017.json'
+    for split in ("train", "val"):
+        ann_file = coco / "annotations" / f"instances_{split}2017.json"
         data = json.loads(ann_file.read_text())
-        for cat, name in zip(data['categories'], names):
-            cat['name'] = name
+        for cat, name in zip(data["categories"], names):
+            cat["name"] = name
         ann_file.write_text(json.dumps(data))
 
 
@@ -215,64 +231,79 @@ def test_coco_without_any_config_class_names_classes_file_and_override(coco, tmp
 
     from tasks.config import load_config
     from tasks.data import DataError, MMDataModule
-    _rename_categories(coco, ('cube', 'ball', 'cone'))
-    ann_file = coco / 'annotations' / 'instances_train2017.json'
-    opts = [f'{s}_dataloader.dataset.data_root={coco}/' for s in ('train', 'val', 'test')]
+
+    _rename_categories(coco, ("cube", "ball", "cone"))
+    ann_file = coco / "annotations" / "instances_train2017.json"
+    opts = [f"{s}_dataloader.dataset.data_root={coco}/" for s in ("train", "val", "test")]
     with pytest.raises(DataError) as info:
-        train_tool.main([DET_CFG, '--work-dir', str(tmp_path / 'w'), '--cfg-options', *opts,
-                         'trainer.max_steps=1', 'trainer.enable_progress_bar=False'])
+        train_tool.main(
+            [
+                DET_CFG,
+                "--work-dir",
+                str(tmp_path / "w"),
+                "--cfg-options",
+                *opts,
+                "trainer.max_steps=1",
+                "trainer.enable_progress_bar=False",
+            ]
+        )
     msg = str(info.value)
     assert msg.startswith("train_dataloader: none of the config's classes ('square', 'disc', 'triangle')"), msg
     assert str(ann_file) in msg and "1 'cube', 3 'ball', 7 'cone'" in msg
-    override = msg.split('--cfg-options ')[1].split(' (and')[0]
-    for s in ('train', 'val', 'test'):
-        assert f'"{s}_dataloader.dataset.metainfo.classes=(\'cube\', \'ball\', \'cone\')"' in override
-    assert 'removes the spaces' not in msg
+    override = msg.split("--cfg-options ")[1].split(" (and")[0]
+    for s in ("train", "val", "test"):
+        assert f"\"{s}_dataloader.dataset.metainfo.classes=('cube', 'ball', 'cone')\"" in override
+    assert "removes the spaces" not in msg
 
-    args = train_tool.parse_args([DET_CFG, '--cfg-options', *opts, *shlex.split(override)])
-    dm = MMDataModule(load_config(args.config, args.cfg_options), 'mmdet')
-    for split in ('train', 'val'):
-        assert dm.dataset(split).metainfo['classes'] == ('cube', 'ball', 'cone') and len(dm.dataset(split))
+    args = train_tool.parse_args([DET_CFG, "--cfg-options", *opts, *shlex.split(override)])
+    dm = MMDataModule(load_config(args.config, args.cfg_options), "mmdet")
+    for split in ("train", "val"):
+        assert dm.dataset(split).metainfo["classes"] == ("cube", "ball", "cone") and len(dm.dataset(split))
 
     # names with spaces cannot pass through mmengine's --cfg-options (it drops them): the config form is given
-    _rename_categories(coco, ('cube', 'ball', 'traffic cone'))
-    config_form = (r"(?s)7 'traffic cone'.*removes the spaces.*metainfo = dict\(classes=\('cube', 'ball', "
-                   r"'traffic cone'\)\).*test_dataloader = dict\(dataset=dict\(metainfo=metainfo\)\)")
+    _rename_categories(coco, ("cube", "ball", "traffic cone"))
+    config_form = (
+        r"(?s)7 'traffic cone'.*removes the spaces.*metainfo = dict\(classes=\('cube', 'ball', "
+        r"'traffic cone'\)\).*test_dataloader = dict\(dataset=dict\(metainfo=metainfo\)\)"
+    )
     with pytest.raises(DataError, match=config_form):
-        _datamodule(DET_CFG, coco, 'mmdet').dataset('val')
+        _datamodule(DET_CFG, coco, "mmdet").dataset("val")
 
 
 def test_coco_images_without_objects_are_skipped_and_logged(coco, caplog):
-    n_images = len(json.loads((coco / 'annotations' / 'instances_train2017.json').read_text())['images'])
-    with caplog.at_level(logging.WARNING, logger='tasks.data'):
-        ds = _datamodule(DET_CFG, coco, 'mmdet').dataset('train')
+    n_images = len(json.loads((coco / "annotations" / "instances_train2017.json").read_text())["images"])
+    with caplog.at_level(logging.WARNING, logger="tasks.data"):
+        ds = _datamodule(DET_CFG, coco, "mmdet").dataset("train")
     assert len(ds) == n_images - 1  # make_tiny_data writes one image without objects per 12
-    assert f'1 of {n_images} images' in caplog.text and 'filter_empty_gt' in caplog.text
+    assert f"1 of {n_images} images" in caplog.text and "filter_empty_gt" in caplog.text
 
 
 # --- bad configs --------------------------------------------------------------------------------------------
 def test_misspelt_backbone_type_suggests_the_registered_name():
     from tasks import build_task
     from tasks.config import load_config
+
     with pytest.raises(KeyError, match=r"unknown type 'STVit'.*Did you mean 'STViT'"):
-        build_task(load_config(DET_CFG, {'model.backbone.type': 'STVit'}))
+        build_task(load_config(DET_CFG, {"model.backbone.type": "STVit"}))
 
 
 def test_unknown_trainer_key_lists_valid_ones():
     from tasks.config import load_config
     from tasks.trainer import trainer_kwargs
+
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_epoch'\]. Valid keys: .*max_epochs"):
-        trainer_kwargs(load_config(SEG_CFG, {'trainer.max_epoch': 3}))
+        trainer_kwargs(load_config(SEG_CFG, {"trainer.max_epoch": 3}))
 
 
 def test_cfg_options_are_literals_never_code(tmp_path):
     from tasks.config import load_config
     from tasks.trainer import trainer_kwargs
-    marker = tmp_path / 'pwned'
+
+    marker = tmp_path / "pwned"
     code = f'__import__("os").system("touch {marker}")'
-    args = train_tool.parse_args([SEG_CFG, '--cfg-options', f'trainer.max_epochs={code}'])
+    args = train_tool.parse_args([SEG_CFG, "--cfg-options", f"trainer.max_epochs={code}"])
     kwargs = trainer_kwargs(load_config(args.config, args.cfg_options))
-    assert isinstance(kwargs['max_epochs'], str) and kwargs['max_epochs'].startswith('__import__')  # a string
+    assert isinstance(kwargs["max_epochs"], str) and kwargs["max_epochs"].startswith("__import__")  # a string
     assert not marker.exists()
 
 
@@ -282,38 +313,58 @@ class RunsCode:
         self.marker = marker
 
     def __reduce__(self):
-        return os.system, (f'touch {self.marker}',)
+        return os.system, (f"touch {self.marker}",)
 
 
 @pytest.fixture()
 def evil(tmp_path):
     """A Lightning-looking checkpoint that runs `touch MARKER` when unpickled without weights_only."""
-    marker = tmp_path / 'code_ran'
-    path = tmp_path / 'evil.ckpt'
-    torch.save({'pytorch-lightning_version': '2.6.0', 'state_dict': {'w': torch.ones(1)}, 'epoch': 0,
-                'global_step': 0, 'payload': RunsCode(marker)}, path)
+    marker = tmp_path / "code_ran"
+    path = tmp_path / "evil.ckpt"
+    torch.save(
+        {
+            "pytorch-lightning_version": "2.6.0",
+            "state_dict": {"w": torch.ones(1)},
+            "epoch": 0,
+            "global_step": 0,
+            "payload": RunsCode(marker),
+        },
+        path,
+    )
     return path, marker
 
 
 def test_evil_checkpoint_refused_by_checkpoint_io_and_test_tool(evil, tmp_path):
     from backbones.pretrained import CheckpointError
     from tasks.checkpoint_io import AtomicCheckpointIO
+
     path, marker = evil
-    with pytest.raises(CheckpointError, match=r'Refusing to load.*posix\.system'):
+    with pytest.raises(CheckpointError, match=r"Refusing to load.*posix\.system"):
         AtomicCheckpointIO().load_checkpoint(path)
-    with pytest.raises(CheckpointError, match='Refusing to load'):
-        test_tool.main([SEG_CFG, str(path), '--work-dir', str(tmp_path)])
+    with pytest.raises(CheckpointError, match="Refusing to load"):
+        test_tool.main([SEG_CFG, str(path), "--work-dir", str(tmp_path)])
     assert not marker.exists()
 
 
 def test_evil_checkpoint_refused_by_train_resume(evil, tmp_path):
     from backbones.pretrained import CheckpointError
+
     path, marker = evil
     ade = tiny_data.make_ade20k(tmp_path, num_train=2, num_val=1, seed=0)
-    with pytest.raises(CheckpointError, match='Refusing to load'):
-        train_tool.main([SEG_CFG, '--work-dir', str(tmp_path / 'w'), '--resume', str(path), '--cfg-options',
-                         f'train_dataloader.dataset.data_root={ade}/', f'val_dataloader.dataset.data_root={ade}/',
-                         'trainer.enable_progress_bar=False'])
+    with pytest.raises(CheckpointError, match="Refusing to load"):
+        train_tool.main(
+            [
+                SEG_CFG,
+                "--work-dir",
+                str(tmp_path / "w"),
+                "--resume",
+                str(path),
+                "--cfg-options",
+                f"train_dataloader.dataset.data_root={ade}/",
+                f"val_dataloader.dataset.data_root={ade}/",
+                "trainer.enable_progress_bar=False",
+            ]
+        )
     assert not marker.exists()
 
 
@@ -324,14 +375,15 @@ def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
     from tasks import build_task
     from tasks.config import load_config
     from tasks.export import export_backbone
+
     path, marker = evil
     cfg = load_config(SEG_CFG)
-    cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=str(path))
-    with pytest.raises(CheckpointError, match='Refusing to load'):
+    cfg.model.backbone.init_cfg = dict(type="Pretrained", checkpoint=str(path))
+    with pytest.raises(CheckpointError, match="Refusing to load"):
         build_task(cfg)  # init_weights() -> backbones.load_pretrained
-    with pytest.raises(CheckpointError, match='Refusing to load'):
-        export_backbone(path, tmp_path / 'out.pth')
+    with pytest.raises(CheckpointError, match="Refusing to load"):
+        export_backbone(path, tmp_path / "out.pth")
     # mmengine's own loader (init_cfg=Pretrained of mm modules, load_from): torch.load's weights_only default
-    with pytest.raises(Exception, match='Weights only load failed'):
+    with pytest.raises(Exception, match="Weights only load failed"):
         load_checkpoint(torch.nn.Linear(1, 1), str(path))
     assert not marker.exists()

@@ -1,13 +1,10 @@
 """The repository's style, checked by the README's test command: ruff's lint rules (ruff.toml) over every
-file, and ``ruff format --check``, which is switched on in the same commit that formats the whole repository
-once (until then most files predate the formatter)."""
+file, and ``ruff format --check`` (one formatting style over the whole repository)."""
 
 import os
 import shutil
 import subprocess
 import sys
-
-import pytest
 
 from tests._tools import REPO
 
@@ -24,7 +21,6 @@ def test_ruff_check_passes():
     assert out.returncode == 0, f"ruff check found problems (fix them, or `ruff check --fix .`):\n{out.stdout}"
 
 
-@pytest.mark.skip(reason="switched on together with the one `ruff format .` commit over the whole repository")
 def test_ruff_format_check_passes():
     out = _ruff("format", "--check", ".")
     assert out.returncode == 0, f"files not formatted (run `ruff format .`):\n{out.stdout}"

@@ -18,10 +18,10 @@ from tasks import build_task
 from tasks.config import register_scope
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_cfg, load_tool, random_checkpoint, write_image_info
 
-SLIDE = ['model.test_cfg.mode=slide', 'model.test_cfg.crop_size=(64,64)', 'model.test_cfg.stride=(43,43)']
-RETINANET_CFG = osp.join(REPO, 'configs/stvit/retinanet_stvit-s_fpn_1x_coco.py')
+SLIDE = ["model.test_cfg.mode=slide", "model.test_cfg.crop_size=(64,64)", "model.test_cfg.stride=(43,43)"]
+RETINANET_CFG = osp.join(REPO, "configs/stvit/retinanet_stvit-s_fpn_1x_coco.py")
 # The paper RetinaNet config with the shrunk STViT of docs/DESIGN.md and small test-time scales.
-RETINANET_TINY = f'''
+RETINANET_TINY = f"""
 _base_ = {RETINANET_CFG!r}
 model = dict(
     backbone=dict(arch=dict(_delete_=True, embed_dims=[32, 64, 128, 256], depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8],
@@ -43,27 +43,32 @@ tta_pipeline = [
     ]),
 ]
 trainer = dict(accelerator='cpu', devices=1, precision='32-true', sync_batchnorm=False)
-'''
+"""
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    tiny = load_tool('make_tiny_data')
-    out = tmp_path_factory.mktemp('data')
+    tiny = load_tool("make_tiny_data")
+    out = tmp_path_factory.mktemp("data")
     tiny.make_coco(out, num_train=1, num_val=3, seed=0)
     tiny.make_ade20k(out, num_train=1, num_val=3, seed=0)
-    write_image_info(out / 'tiny_coco')
+    write_image_info(out / "tiny_coco")
     return out
 
 
 def data_opts(data_dir, dataset):
-    return [f'test_dataloader.dataset.data_root={data_dir}/{dataset}/', 'trainer.enable_progress_bar=False',
-            'trainer.enable_model_summary=False', 'trainer.accelerator=cpu', 'trainer.devices=1']
+    return [
+        f"test_dataloader.dataset.data_root={data_dir}/{dataset}/",
+        "trainer.enable_progress_bar=False",
+        "trainer.enable_model_summary=False",
+        "trainer.accelerator=cpu",
+        "trainer.devices=1",
+    ]
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def seg_ckpt(data_dir, tmp_path_factory):
-    return random_checkpoint(SEG_CFG, data_opts(data_dir, 'tiny_ade20k'), tmp_path_factory.mktemp('seg') / 'w.pth')
+    return random_checkpoint(SEG_CFG, data_opts(data_dir, "tiny_ade20k"), tmp_path_factory.mktemp("seg") / "w.pth")
 
 
 class Collect(L.Callback):
@@ -78,7 +83,7 @@ class Collect(L.Callback):
 
 def run_tool(args, tmp_path):
     collect = Collect()
-    metrics = load_tool('test').main([*args[:2], '--work-dir', str(tmp_path), *args[2:]], callbacks=[collect])
+    metrics = load_tool("test").main([*args[:2], "--work-dir", str(tmp_path), *args[2:]], callbacks=[collect])
     return collect.samples, metrics
 
 
@@ -90,13 +95,14 @@ def mm_predictions(config, opts, ckpt, tta=False):
     cfg = load_cfg(config, opts)
     register_scope(cfg.default_scope)
     from mmengine.registry import MODELS
+
     if tta:
         cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
         model = MODELS.build(ConfigDict(**cfg.tta_model, module=cfg.model))
-        load_checkpoint(model.module, ckpt, map_location='cpu')
+        load_checkpoint(model.module, ckpt, map_location="cpu")
     else:
         model = MODELS.build(cfg.model)
-        load_checkpoint(model, ckpt, map_location='cpu')
+        load_checkpoint(model, ckpt, map_location="cpu")
     model.eval()
     loader = Runner.build_dataloader(cfg.test_dataloader)
     with torch.no_grad():
@@ -114,45 +120,57 @@ def assert_same_maps(ours, ref, count):
 
 
 def test_seg_tta_equals_mmseg_seg_tta_model(data_dir, seg_ckpt, tmp_path, capsys):
-    opts = [*data_opts(data_dir, 'tiny_ade20k'), 'test_dataloader.dataset.indices=1']  # 12 views: one image
-    ours, metrics = run_tool([SEG_CFG, seg_ckpt, '--tta', '--cfg-options', *opts], tmp_path)
+    opts = [*data_opts(data_dir, "tiny_ade20k"), "test_dataloader.dataset.indices=1"]  # 12 views: one image
+    ours, metrics = run_tool([SEG_CFG, seg_ckpt, "--tta", "--cfg-options", *opts], tmp_path)
     ref, _ = mm_predictions(SEG_CFG, opts, seg_ckpt, tta=True)
     assert_same_maps(seg_maps(ours), seg_maps(ref), 1)
-    assert 0 <= metrics['mIoU'] <= 1
+    assert 0 <= metrics["mIoU"] <= 1
     # per-class IoU / Acc in the metrics JSON (null: not in the ground truth) and in the printed table
-    saved = json.loads((tmp_path / 'test_metrics.json').read_text())
-    iou, acc = saved['per_class']['IoU'], saved['per_class']['Acc']
-    assert len(iou) == len(acc) == 150 and isinstance(iou['wall'], float) and isinstance(acc['wall'], float)
-    assert iou['sky'] is None and acc['sky'] is None  # the tiny images have wall, floor, windowpane, plant, ball
+    saved = json.loads((tmp_path / "test_metrics.json").read_text())
+    iou, acc = saved["per_class"]["IoU"], saved["per_class"]["Acc"]
+    assert len(iou) == len(acc) == 150 and isinstance(iou["wall"], float) and isinstance(acc["wall"], float)
+    assert iou["sky"] is None and acc["sky"] is None  # the tiny images have wall, floor, windowpane, plant, ball
     table = capsys.readouterr().out
-    assert any(line.split()[:1] == ['wall'] and f'{iou["wall"]:.4f}' in line for line in table.splitlines())
+    assert any(line.split()[:1] == ["wall"] and f"{iou['wall']:.4f}" in line for line in table.splitlines())
     # the views were merged: the prediction is not the single-scale one
     plain, _ = mm_predictions(SEG_CFG, opts, seg_ckpt)
     assert any(not torch.equal(a, b) for a, b in zip(seg_maps(ours).values(), seg_maps(plain).values()))
 
 
 def test_slide_inference_equals_mmseg_and_ade_label_pngs(data_dir, seg_ckpt, tmp_path):
-    opts = [*data_opts(data_dir, 'tiny_ade20k'), 'test_dataloader.dataset.indices=2', *SLIDE]
-    out_dir = tmp_path / 'pngs'
+    opts = [*data_opts(data_dir, "tiny_ade20k"), "test_dataloader.dataset.indices=2", *SLIDE]
+    out_dir = tmp_path / "pngs"
     # as on ADE20K's test images: images only, no annotation directory (--format-only loads no ground truth)
-    shutil.copytree(data_dir / 'tiny_ade20k/images/validation', tmp_path / 'ade_test/images/testing')
-    ours, metrics = run_tool([SEG_CFG, seg_ckpt, '--format-only', '--out-dir', str(out_dir), '--cfg-options',
-                              *opts, f'test_dataloader.dataset.data_root={tmp_path}/ade_test',
-                              'test_dataloader.dataset.data_prefix.img_path=images/testing'], tmp_path)
-    assert all('gt_sem_seg' not in s for s in ours)
+    shutil.copytree(data_dir / "tiny_ade20k/images/validation", tmp_path / "ade_test/images/testing")
+    ours, metrics = run_tool(
+        [
+            SEG_CFG,
+            seg_ckpt,
+            "--format-only",
+            "--out-dir",
+            str(out_dir),
+            "--cfg-options",
+            *opts,
+            f"test_dataloader.dataset.data_root={tmp_path}/ade_test",
+            "test_dataloader.dataset.data_prefix.img_path=images/testing",
+        ],
+        tmp_path,
+    )
+    assert all("gt_sem_seg" not in s for s in ours)
     ref, dataset = mm_predictions(SEG_CFG, opts, seg_ckpt)
     assert_same_maps(seg_maps(ours), seg_maps(ref), 2)
-    whole, _ = mm_predictions(SEG_CFG, opts[:-len(SLIDE)], seg_ckpt)
-    assert any(not torch.equal(a, b) for a, b in zip(seg_maps(ref).values(), seg_maps(whole).values())), \
-        'slide mode was not applied'
+    whole, _ = mm_predictions(SEG_CFG, opts[: -len(SLIDE)], seg_ckpt)
+    assert any(not torch.equal(a, b) for a, b in zip(seg_maps(ref).values(), seg_maps(whole).values())), (
+        "slide mode was not applied"
+    )
 
     # --format-only: one label PNG per image, ADE20K's values (reduce_zero_label undone), no metrics
-    assert metrics == {} and not osp.exists(tmp_path / 'test_metrics.json')
+    assert metrics == {} and not osp.exists(tmp_path / "test_metrics.json")
     assert dataset.reduce_zero_label
-    images = sorted(osp.splitext(osp.basename(s.img_path))[0] + '.png' for s in ref)
+    images = sorted(osp.splitext(osp.basename(s.img_path))[0] + ".png" for s in ref)
     assert sorted(os.listdir(out_dir)) == images
     for s in ref:
-        png = np.asarray(Image.open(out_dir / (osp.splitext(osp.basename(s.img_path))[0] + '.png')))
+        png = np.asarray(Image.open(out_dir / (osp.splitext(osp.basename(s.img_path))[0] + ".png")))
         assert png.dtype == np.uint8
         np.testing.assert_array_equal(png, s.pred_sem_seg.data[0].numpy() + 1)
 
@@ -162,8 +180,9 @@ def coco_format_only_reference(config, opts, ckpt, out_prefix):
     from mmdet.evaluation import CocoMetric
 
     samples, dataset = mm_predictions(config, opts, ckpt)
-    metric = CocoMetric(ann_file=dataset.ann_file, metric=['bbox', 'segm'], format_only=True,
-                        outfile_prefix=str(out_prefix))
+    metric = CocoMetric(
+        ann_file=dataset.ann_file, metric=["bbox", "segm"], format_only=True, outfile_prefix=str(out_prefix)
+    )
     metric.dataset_meta = dataset.metainfo
     metric.process({}, [s.to_dict() for s in samples])
     metric.evaluate(len(dataset))
@@ -173,57 +192,56 @@ def coco_format_only_reference(config, opts, ckpt, out_prefix):
 def test_coco_format_only_on_image_info_test_set_equals_mmdet(data_dir, tmp_path):
     from pycocotools.coco import COCO
 
-    opts = [*data_opts(data_dir, 'tiny_coco'), 'test_dataloader.dataset.ann_file=annotations/image_info_test.json']
-    ckpt = random_checkpoint(DET_CFG, opts, tmp_path / 'w.pth')
-    out_dir = tmp_path / 'submission'
-    _, metrics = run_tool([DET_CFG, ckpt, '--format-only', '--out-dir', str(out_dir), '--cfg-options', *opts],
-                          tmp_path)
-    assert metrics == {} and not osp.exists(tmp_path / 'test_metrics.json')
-    assert sorted(os.listdir(out_dir)) == ['results.bbox.json', 'results.segm.json']
+    opts = [*data_opts(data_dir, "tiny_coco"), "test_dataloader.dataset.ann_file=annotations/image_info_test.json"]
+    ckpt = random_checkpoint(DET_CFG, opts, tmp_path / "w.pth")
+    out_dir = tmp_path / "submission"
+    _, metrics = run_tool([DET_CFG, ckpt, "--format-only", "--out-dir", str(out_dir), "--cfg-options", *opts], tmp_path)
+    assert metrics == {} and not osp.exists(tmp_path / "test_metrics.json")
+    assert sorted(os.listdir(out_dir)) == ["results.bbox.json", "results.segm.json"]
 
-    samples = coco_format_only_reference(DET_CFG, opts, ckpt, tmp_path / 'mmdet' / 'results')
+    samples = coco_format_only_reference(DET_CFG, opts, ckpt, tmp_path / "mmdet" / "results")
     assert sum(len(s.pred_instances) for s in samples) > 0
-    val = COCO(str(data_dir / 'tiny_coco/annotations/instances_val2017.json'))
-    for iou_type in ('bbox', 'segm'):
-        ours = json.loads((out_dir / f'results.{iou_type}.json').read_text())
-        assert ours == json.loads((tmp_path / 'mmdet' / f'results.{iou_type}.json').read_text())
-        assert {r['category_id'] for r in ours} <= {1, 3, 7} and {r['image_id'] for r in ours} <= set(val.getImgIds())
-        assert len(val.loadRes(str(out_dir / f'results.{iou_type}.json')).getAnnIds()) == len(ours)
-    assert all(isinstance(r['segmentation']['counts'], str) for r in ours)
+    val = COCO(str(data_dir / "tiny_coco/annotations/instances_val2017.json"))
+    for iou_type in ("bbox", "segm"):
+        ours = json.loads((out_dir / f"results.{iou_type}.json").read_text())
+        assert ours == json.loads((tmp_path / "mmdet" / f"results.{iou_type}.json").read_text())
+        assert {r["category_id"] for r in ours} <= {1, 3, 7} and {r["image_id"] for r in ours} <= set(val.getImgIds())
+        assert len(val.loadRes(str(out_dir / f"results.{iou_type}.json")).getAnnIds()) == len(ours)
+    assert all(isinstance(r["segmentation"]["counts"], str) for r in ours)
 
 
 def det_tta_setup(data_dir, tmp_path):
-    config = tmp_path / 'retinanet_tiny.py'
+    config = tmp_path / "retinanet_tiny.py"
     config.write_text(RETINANET_TINY)
-    opts = data_opts(data_dir, 'tiny_coco')
-    return str(config), opts, random_checkpoint(str(config), opts, tmp_path / 'w.pth')
+    opts = data_opts(data_dir, "tiny_coco")
+    return str(config), opts, random_checkpoint(str(config), opts, tmp_path / "w.pth")
 
 
 def test_det_tta_equals_mmdet_det_tta_model(data_dir, tmp_path, capsys):
     config, opts, ckpt = det_tta_setup(data_dir, tmp_path)
-    ours, metrics = run_tool([config, ckpt, '--tta', '--cfg-options', *opts], tmp_path)
+    ours, metrics = run_tool([config, ckpt, "--tta", "--cfg-options", *opts], tmp_path)
     ref, _ = mm_predictions(config, opts, ckpt, tta=True)
     assert [s.img_id for s in ours] == [s.img_id for s in ref] and len(ref) == 3
     for a, b in zip(ours, ref):
         assert len(b.pred_instances) > 0
-        for key in ('bboxes', 'scores', 'labels'):
+        for key in ("bboxes", "scores", "labels"):
             assert torch.equal(a.pred_instances[key], b.pred_instances[key]), key
-    assert 0 <= metrics['bbox_mAP'] <= 1
+    assert 0 <= metrics["bbox_mAP"] <= 1
     # per-class AP (mmdet's classwise columns) in the metrics JSON and the printed table
-    per_class = json.loads((tmp_path / 'test_metrics.json').read_text())['per_class']
-    assert {'bbox_AP', 'bbox_AP_50', 'bbox_AP_75'} <= set(per_class) and 'segm_AP' not in per_class
-    assert set(per_class['bbox_AP']) == {'square', 'disc', 'triangle'}
+    per_class = json.loads((tmp_path / "test_metrics.json").read_text())["per_class"]
+    assert {"bbox_AP", "bbox_AP_50", "bbox_AP_75"} <= set(per_class) and "segm_AP" not in per_class
+    assert set(per_class["bbox_AP"]) == {"square", "disc", "triangle"}
     table = capsys.readouterr().out
-    for name, ap in per_class['bbox_AP'].items():
-        assert any(line.split()[:2] == [name, '-' if ap is None else f'{ap:.4f}'] for line in table.splitlines())
+    for name, ap in per_class["bbox_AP"].items():
+        assert any(line.split()[:2] == [name, "-" if ap is None else f"{ap:.4f}"] for line in table.splitlines())
 
 
 def test_tta_refused_where_it_cannot_work(data_dir, tmp_path):
-    with pytest.raises(ValueError, match='defines no tta_model / tta_pipeline'):
-        load_tool('test').main([DET_CFG, 'missing.pth', '--tta', '--cfg-options', *data_opts(data_dir, 'tiny_coco')])
+    with pytest.raises(ValueError, match="defines no tta_model / tta_pipeline"):
+        load_tool("test").main([DET_CFG, "missing.pth", "--tta", "--cfg-options", *data_opts(data_dir, "tiny_coco")])
     # Mask R-CNN: DetTTAModel would stop with an AssertionError deep inside mmdet
-    cfg = load_cfg(DET_CFG, data_opts(data_dir, 'tiny_coco'))
-    cfg.tta_model = dict(type='DetTTAModel', tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))
+    cfg = load_cfg(DET_CFG, data_opts(data_dir, "tiny_coco"))
+    cfg.tta_model = dict(type="DetTTAModel", tta_cfg=dict(nms=dict(type="nms", iou_threshold=0.5), max_per_img=100))
     module, _ = build_task(cfg, init_weights=False)
-    with pytest.raises(ValueError, match='no instance masks'):
+    with pytest.raises(ValueError, match="no instance masks"):
         module.enable_tta()

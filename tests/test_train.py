@@ -14,122 +14,185 @@ from tests._tools import DET_CFG, REPO, SEG_CFG, flat_metrics, load_tool
 sys.path.insert(0, REPO)
 
 
-
-
-train_tool, test_tool, tiny_data = load_tool('train'), load_tool('test'), load_tool('make_tiny_data')
+train_tool, test_tool, tiny_data = load_tool("train"), load_tool("test"), load_tool("make_tiny_data")
 
 
 def data_opts(root, dataset):
     opts = []
-    for split in ('train', 'val', 'test'):
-        opts += [f'{split}_dataloader.dataset.data_root={root}/{dataset}/', f'{split}_dataloader.num_workers=0']
-    return opts + ['train_dataloader.batch_size=2', 'trainer.enable_progress_bar=False',
-                   'trainer.enable_model_summary=False', 'trainer.log_every_n_steps=1']
+    for split in ("train", "val", "test"):
+        opts += [f"{split}_dataloader.dataset.data_root={root}/{dataset}/", f"{split}_dataloader.num_workers=0"]
+    return opts + [
+        "train_dataloader.batch_size=2",
+        "trainer.enable_progress_bar=False",
+        "trainer.enable_model_summary=False",
+        "trainer.log_every_n_steps=1",
+    ]
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp('data')
+    out = tmp_path_factory.mktemp("data")
     tiny_data.make_coco(out, num_train=4, num_val=3, seed=0)
     tiny_data.make_ade20k(out, num_train=4, num_val=3, seed=0)
     return str(out)
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def det_run(data_dir, tmp_path_factory):
     """One epoch of two Mask R-CNN steps, validated; returns (work_dir, metrics)."""
-    work_dir = str(tmp_path_factory.mktemp('det'))
-    metrics = train_tool.main([DET_CFG, '--work-dir', work_dir, '--cfg-options', *data_opts(data_dir, 'tiny_coco'),
-                               'trainer.max_epochs=1', 'trainer.limit_train_batches=2',
-                               'trainer.check_val_every_n_epoch=1'])
+    work_dir = str(tmp_path_factory.mktemp("det"))
+    metrics = train_tool.main(
+        [
+            DET_CFG,
+            "--work-dir",
+            work_dir,
+            "--cfg-options",
+            *data_opts(data_dir, "tiny_coco"),
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=2",
+            "trainer.check_val_every_n_epoch=1",
+        ]
+    )
     return work_dir, metrics
 
 
 def _ckpt(path):
-    return torch.load(path, map_location='cpu', weights_only=True)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def test_train_writes_metrics_checkpoint_and_resumes(det_run, data_dir):
     work_dir, metrics = det_run
-    with open(osp.join(work_dir, 'metrics.json')) as f:
+    with open(osp.join(work_dir, "metrics.json")) as f:
         saved = json.load(f)
     assert flat_metrics(saved) == pytest.approx(flat_metrics(metrics), nan_ok=True)
-    assert {'bbox_mAP', 'bbox_mAP_50', 'bbox_mAP_75', 'segm_mAP'} <= set(saved)
-    ckpt = _ckpt(osp.join(work_dir, 'last.ckpt'))
-    assert ckpt['global_step'] == 2
+    assert {"bbox_mAP", "bbox_mAP_50", "bbox_mAP_75", "segm_mAP"} <= set(saved)
+    ckpt = _ckpt(osp.join(work_dir, "last.ckpt"))
+    assert ckpt["global_step"] == 2
     # LinearLR (by_epoch=False) stepped after each optimizer step, MultiStepLR after the epoch
-    assert [s['_global_step'] for s in ckpt['lr_schedulers']] == [2, 1]
+    assert [s["_global_step"] for s in ckpt["lr_schedulers"]] == [2, 1]
     # the RNG states of tasks/callbacks.py's RNGStates, saved by Lightning with the callback states
-    (rng,) = ckpt['callbacks']['RNGStates']['per_rank']
-    assert {'torch', 'python', 'numpy'} <= set(rng) and rng['torch'].dtype == torch.uint8
-    assert [p for p in os.listdir(work_dir) if p.endswith('.tmp')] == []  # no temp files left behind
-    assert osp.isdir(osp.join(work_dir, 'logs')) and osp.isdir(osp.join(work_dir, 'tb'))
+    (rng,) = ckpt["callbacks"]["RNGStates"]["per_rank"]
+    assert {"torch", "python", "numpy"} <= set(rng) and rng["torch"].dtype == torch.uint8
+    assert [p for p in os.listdir(work_dir) if p.endswith(".tmp")] == []  # no temp files left behind
+    assert osp.isdir(osp.join(work_dir, "logs")) and osp.isdir(osp.join(work_dir, "tb"))
 
-    train_tool.main([DET_CFG, '--work-dir', work_dir, '--resume', '--cfg-options',
-                     *data_opts(data_dir, 'tiny_coco'), 'trainer.max_epochs=2', 'trainer.limit_train_batches=2',
-                     'trainer.check_val_every_n_epoch=1'])
-    ckpt = _ckpt(osp.join(work_dir, 'last.ckpt'))
-    assert ckpt['global_step'] == 4
-    assert [s['_global_step'] for s in ckpt['lr_schedulers']] == [4, 2]  # scheduler state was restored
+    train_tool.main(
+        [
+            DET_CFG,
+            "--work-dir",
+            work_dir,
+            "--resume",
+            "--cfg-options",
+            *data_opts(data_dir, "tiny_coco"),
+            "trainer.max_epochs=2",
+            "trainer.limit_train_batches=2",
+            "trainer.check_val_every_n_epoch=1",
+        ]
+    )
+    ckpt = _ckpt(osp.join(work_dir, "last.ckpt"))
+    assert ckpt["global_step"] == 4
+    assert [s["_global_step"] for s in ckpt["lr_schedulers"]] == [4, 2]  # scheduler state was restored
 
 
 def test_test_tool_detection_show_dir(det_run, data_dir, tmp_path):
     work_dir, _ = det_run
-    out, show = str(tmp_path / 'm.json'), str(tmp_path / 'show')
-    metrics = test_tool.main([DET_CFG, osp.join(work_dir, 'last.ckpt'), '--work-dir', str(tmp_path), '--out', out,
-                              '--show-dir', show, '--score-thr', '0.0', '--cfg-options',
-                              *data_opts(data_dir, 'tiny_coco')])
+    out, show = str(tmp_path / "m.json"), str(tmp_path / "show")
+    metrics = test_tool.main(
+        [
+            DET_CFG,
+            osp.join(work_dir, "last.ckpt"),
+            "--work-dir",
+            str(tmp_path),
+            "--out",
+            out,
+            "--show-dir",
+            show,
+            "--score-thr",
+            "0.0",
+            "--cfg-options",
+            *data_opts(data_dir, "tiny_coco"),
+        ]
+    )
     with open(out) as f:
         assert flat_metrics(json.load(f)) == pytest.approx(flat_metrics(metrics), nan_ok=True)
-    assert 'bbox_mAP' in metrics and 'segm_mAP' in metrics
-    assert len([p for p in os.listdir(show) if p.endswith('.png')]) == 3
+    assert "bbox_mAP" in metrics and "segm_mAP" in metrics
+    assert len([p for p in os.listdir(show) if p.endswith(".png")]) == 3
 
 
 def test_segmentation_train_then_test_with_show_dir(data_dir, tmp_path):
-    opts = [*data_opts(data_dir, 'tiny_ade20k'), 'trainer.max_steps=2', 'trainer.val_check_interval=2']
-    metrics = train_tool.main([SEG_CFG, '--work-dir', str(tmp_path), '--cfg-options', *opts])
-    assert {'mIoU', 'aAcc', 'mAcc'} <= set(metrics) and 0 <= metrics['aAcc'] <= 1
-    ckpt = _ckpt(tmp_path / 'last.ckpt')
-    assert [s['_global_step'] for s in ckpt['lr_schedulers']] == [2, 2]
+    opts = [*data_opts(data_dir, "tiny_ade20k"), "trainer.max_steps=2", "trainer.val_check_interval=2"]
+    metrics = train_tool.main([SEG_CFG, "--work-dir", str(tmp_path), "--cfg-options", *opts])
+    assert {"mIoU", "aAcc", "mAcc"} <= set(metrics) and 0 <= metrics["aAcc"] <= 1
+    ckpt = _ckpt(tmp_path / "last.ckpt")
+    assert [s["_global_step"] for s in ckpt["lr_schedulers"]] == [2, 2]
     # without --auto-scale-lr the config's lr (AdamW lr=1e-3) is used as written
-    assert {g['initial_lr'] for g in ckpt['optimizer_states'][0]['param_groups']} == {1e-3}
-    show = tmp_path / 'show'
-    test_metrics = test_tool.main([SEG_CFG, str(tmp_path / 'last.ckpt'), '--work-dir', str(tmp_path),
-                                   '--show-dir', str(show), '--cfg-options', *opts])
+    assert {g["initial_lr"] for g in ckpt["optimizer_states"][0]["param_groups"]} == {1e-3}
+    show = tmp_path / "show"
+    test_metrics = test_tool.main(
+        [
+            SEG_CFG,
+            str(tmp_path / "last.ckpt"),
+            "--work-dir",
+            str(tmp_path),
+            "--show-dir",
+            str(show),
+            "--cfg-options",
+            *opts,
+        ]
+    )
     # val and test are the same split here
     assert flat_metrics(test_metrics) == pytest.approx(flat_metrics(metrics), nan_ok=True)
-    saved = json.loads((tmp_path / 'test_metrics.json').read_text())
+    saved = json.loads((tmp_path / "test_metrics.json").read_text())
     assert flat_metrics(saved) == pytest.approx(flat_metrics(metrics), nan_ok=True)
-    assert len(list(show.glob('*.png'))) == 3
+    assert len(list(show.glob("*.png"))) == 3
 
 
 def test_auto_scale_lr_scales_to_the_real_batch_logs_and_checkpoints_it(data_dir, tmp_path, capfd, caplog):
     # the demo's AdamW lr 1e-3 set for a total batch of 16; here 1 device x 1 node x 2 images
-    opts = [*data_opts(data_dir, 'tiny_ade20k'), 'trainer.max_steps=1', 'trainer.limit_val_batches=0',
-            'checkpoint_callback.monitor=None', 'auto_scale_lr.base_batch_size=16']
-    train_tool.main([SEG_CFG, '--auto-scale-lr', '--work-dir', str(tmp_path), '--cfg-options', *opts])
+    opts = [
+        *data_opts(data_dir, "tiny_ade20k"),
+        "trainer.max_steps=1",
+        "trainer.limit_val_batches=0",
+        "checkpoint_callback.monitor=None",
+        "auto_scale_lr.base_batch_size=16",
+    ]
+    train_tool.main([SEG_CFG, "--auto-scale-lr", "--work-dir", str(tmp_path), "--cfg-options", *opts])
     scaled = 1e-3 * (1 * 1 * 2) / 16
-    groups = _ckpt(tmp_path / 'last.ckpt')['optimizer_states'][0]['param_groups']
-    assert len(groups) > 1 and [g['initial_lr'] for g in groups] == pytest.approx([scaled] * len(groups))
-    assert groups[0]['initial_lr'] == pytest.approx(1.25e-4)
+    groups = _ckpt(tmp_path / "last.ckpt")["optimizer_states"][0]["param_groups"]
+    assert len(groups) > 1 and [g["initial_lr"] for g in groups] == pytest.approx([scaled] * len(groups))
+    assert groups[0]["initial_lr"] == pytest.approx(1.25e-4)
     out = capfd.readouterr()  # Lightning's console handler, or the log capture where pytest's root logger has one
-    assert ('auto_scale_lr: lr 0.001 -> 0.000125 = 0.001 x (devices 1 x nodes 1 x batch_size 2) / '
-            'base_batch_size 16') in out.out + out.err + caplog.text
+    assert (
+        "auto_scale_lr: lr 0.001 -> 0.000125 = 0.001 x (devices 1 x nodes 1 x batch_size 2) / base_batch_size 16"
+    ) in out.out + out.err + caplog.text
 
 
 def test_auto_scale_lr_without_base_batch_size_is_refused(tmp_path):
     # mmseg's ADE20K bases define no auto_scale_lr; the demo config inherits them
-    with pytest.raises(ValueError, match=r"--auto-scale-lr: .*upernet_hat-net-t_tiny-ade20k\.py has no "
-                                         r"auto_scale_lr\.base_batch_size.*auto_scale_lr\.base_batch_size=16"):
-        train_tool.main([SEG_CFG, '--auto-scale-lr', '--work-dir', str(tmp_path)])
+    with pytest.raises(
+        ValueError,
+        match=r"--auto-scale-lr: .*upernet_hat-net-t_tiny-ade20k\.py has no "
+        r"auto_scale_lr\.base_batch_size.*auto_scale_lr\.base_batch_size=16",
+    ):
+        train_tool.main([SEG_CFG, "--auto-scale-lr", "--work-dir", str(tmp_path)])
     assert not os.listdir(tmp_path)  # refused before anything was built or written
 
 
 def test_missing_data_root_names_path_and_fix(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"(?s)train_dataloader\.dataset\.data_root '/nonexistent/x/'.*"
-                                                r"make_tiny_data\.py.*--cfg-options train_dataloader"):
-        train_tool.main([SEG_CFG, '--work-dir', str(tmp_path), '--cfg-options',
-                         'train_dataloader.dataset.data_root=/nonexistent/x/'])
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"(?s)train_dataloader\.dataset\.data_root '/nonexistent/x/'.*"
+        r"make_tiny_data\.py.*--cfg-options train_dataloader",
+    ):
+        train_tool.main(
+            [
+                SEG_CFG,
+                "--work-dir",
+                str(tmp_path),
+                "--cfg-options",
+                "train_dataloader.dataset.data_root=/nonexistent/x/",
+            ]
+        )
 
 
 def test_trainer_section_validated_and_mapped():
@@ -137,36 +200,41 @@ def test_trainer_section_validated_and_mapped():
 
     from tasks.config import load_config
     from tasks.trainer import trainer_kwargs
+
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_epoch'\].*max_epochs"):
-        trainer_kwargs(load_config(SEG_CFG, {'trainer.max_epoch': 3}))
-    kwargs = trainer_kwargs(load_config(DET_CFG, {'trainer.strategy': 'ddp', 'trainer.num_nodes': 2}))
-    assert (kwargs['gradient_clip_val'], kwargs['gradient_clip_algorithm']) == (10.0, 'norm')  # optim_wrapper
-    assert isinstance(kwargs['strategy'], DDPStrategy) and kwargs['num_nodes'] == 2
-    assert kwargs['strategy']._ddp_kwargs == {'find_unused_parameters': False, 'broadcast_buffers': False}
+        trainer_kwargs(load_config(SEG_CFG, {"trainer.max_epoch": 3}))
+    kwargs = trainer_kwargs(load_config(DET_CFG, {"trainer.strategy": "ddp", "trainer.num_nodes": 2}))
+    assert (kwargs["gradient_clip_val"], kwargs["gradient_clip_algorithm"]) == (10.0, "norm")  # optim_wrapper
+    assert isinstance(kwargs["strategy"], DDPStrategy) and kwargs["num_nodes"] == 2
+    assert kwargs["strategy"]._ddp_kwargs == {"find_unused_parameters": False, "broadcast_buffers": False}
 
 
 def test_paramwise_no_decay_and_preprocessor_device(data_dir):
     from tasks import build_task
     from tasks.config import load_config
     from tasks.optim import build_optimizer
-    cfg = load_config(DET_CFG, {'train_dataloader.dataset.data_root': f'{data_dir}/tiny_coco/'})
+
+    cfg = load_config(DET_CFG, {"train_dataloader.dataset.data_root": f"{data_dir}/tiny_coco/"})
     module, datamodule = build_task(cfg, init_weights=False)
-    decay = {id(p): g['weight_decay'] for g in build_optimizer(module.model, cfg.optim_wrapper).param_groups
-             for p in g['params']}
+    decay = {
+        id(p): g["weight_decay"]
+        for g in build_optimizer(module.model, cfg.optim_wrapper).param_groups
+        for p in g["params"]
+    }
     norms = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.GroupNorm, torch.nn.LayerNorm)
     in_norm = {id(p) for m in module.model.modules() if isinstance(m, norms) for p in m.parameters()}
     for name, p in module.model.named_parameters():
-        no_decay = name.endswith('.bias') or id(p) in in_norm or 'norm' in name or 'pos_embed' in name
+        no_decay = name.endswith(".bias") or id(p) in in_norm or "norm" in name or "pos_embed" in name
         assert decay[id(p)] == (0.0 if no_decay else 0.05), name
-    assert any('pos_embed' in name for name, _ in module.model.named_parameters())
+    assert any("pos_embed" in name for name, _ in module.model.named_parameters())
 
     # mm's data_preprocessor caches its device; the module re-syncs it to where it computes
-    module.model.data_preprocessor._device = torch.device('meta')
+    module.model.data_preprocessor._device = torch.device("meta")
     batch = next(iter(datamodule.train_dataloader()))
     data = module._preprocess(batch, training=True)
-    assert data['inputs'].device.type == 'cpu' and module.model.data_preprocessor.device.type == 'cpu'
+    assert data["inputs"].device.type == "cpu" and module.model.data_preprocessor.device.type == "cpu"
     # mmcv's CPU RoIAlign misreads channels_last maps: the RoI heads must get contiguous features
-    assert all(f.is_contiguous() for f in module.model.extract_feat(data['inputs']))
+    assert all(f.is_contiguous() for f in module.model.extract_feat(data["inputs"]))
 
 
 def test_checkpoint_write_is_atomic(tmp_path):
@@ -174,40 +242,47 @@ def test_checkpoint_write_is_atomic(tmp_path):
 
     class Unpicklable:
         def __reduce__(self):
-            raise RuntimeError('killed mid-write')
+            raise RuntimeError("killed mid-write")
 
-    io, path = AtomicCheckpointIO(), tmp_path / 'last.ckpt'
-    io.save_checkpoint({'w': torch.ones(3)}, path)
-    with pytest.raises(RuntimeError, match='killed mid-write'):
-        io.save_checkpoint({'w': torch.zeros(1000), 'x': Unpicklable()}, path)
-    assert torch.equal(_ckpt(path)['w'], torch.ones(3))  # the previous checkpoint is intact
-    assert os.listdir(tmp_path) == ['last.ckpt']  # and the partial temp file is gone
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"w": torch.ones(3)}, path)
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        io.save_checkpoint({"w": torch.zeros(1000), "x": Unpicklable()}, path)
+    assert torch.equal(_ckpt(path)["w"], torch.ones(3))  # the previous checkpoint is intact
+    assert os.listdir(tmp_path) == ["last.ckpt"]  # and the partial temp file is gone
 
 
 def test_plot_curves_draws_every_loss_lr_and_metric_of_each_run(det_run, tmp_path):
     import shutil
-    plot_curves = load_tool('plot_curves')
+
+    plot_curves = load_tool("plot_curves")
     work_dir, metrics = det_run
-    other = tmp_path / 'run_b'  # a second run: the same logs under another work dir
-    shutil.copytree(osp.join(work_dir, 'logs'), other / 'logs')
-    fig = plot_curves.plot_curves([work_dir, str(other)], tmp_path / 'curves.png')
+    other = tmp_path / "run_b"  # a second run: the same logs under another work dir
+    shutil.copytree(osp.join(work_dir, "logs"), other / "logs")
+    fig = plot_curves.plot_curves([work_dir, str(other)], tmp_path / "curves.png")
     panels = {ax.get_title(): {line.get_label(): line for line in ax.get_lines()} for ax in fig.axes}
-    losses = ['train/loss', 'train/loss_bbox', 'train/loss_cls', 'train/loss_mask', 'train/loss_rpn_bbox',
-              'train/loss_rpn_cls']
+    losses = [
+        "train/loss",
+        "train/loss_bbox",
+        "train/loss_cls",
+        "train/loss_mask",
+        "train/loss_rpn_bbox",
+        "train/loss_rpn_cls",
+    ]
     # the logged scalars (per_class is a nested dict, not logged); -1: no object of that size, not a value
     shown = [k for k, v in metrics.items() if isinstance(v, float) and v != -1.0]
     for run in (work_dir, str(other)):
-        assert {f'{run}: {k}' for k in losses} <= set(panels['losses'])
-        lr = panels['learning rate'][f'{run}: train/lr']
+        assert {f"{run}: {k}" for k in losses} <= set(panels["losses"])
+        lr = panels["learning rate"][f"{run}: train/lr"]
         assert list(lr.get_xdata()) == [0, 1] and all(v > 0 for v in lr.get_ydata())  # the two steps
-        assert set(panels['validation metrics']) >= {f'{run}: {k}' for k in shown}
+        assert set(panels["validation metrics"]) >= {f"{run}: {k}" for k in shown}
         for k in shown:  # the value logged at the end of the epoch is the one plotted
-            line = panels['validation metrics'][f'{run}: {k}']
+            line = panels["validation metrics"][f"{run}: {k}"]
             assert line.get_ydata()[-1] == pytest.approx(metrics[k])
-    assert (tmp_path / 'curves.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    only = plot_curves.plot_curves([work_dir], tmp_path / 'losses.png', keys=['train/loss*'])
-    assert [ax.get_title() for ax in only.axes] == ['losses']
-    with pytest.raises(SystemExit, match=r'no CSV log found; expected .*logs/version_\*/metrics.csv'):
-        plot_curves.plot_curves([str(tmp_path)], tmp_path / 'x.png')
-    assert not (tmp_path / 'x.png').exists()
+    only = plot_curves.plot_curves([work_dir], tmp_path / "losses.png", keys=["train/loss*"])
+    assert [ax.get_title() for ax in only.axes] == ["losses"]
+    with pytest.raises(SystemExit, match=r"no CSV log found; expected .*logs/version_\*/metrics.csv"):
+        plot_curves.plot_curves([str(tmp_path)], tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()

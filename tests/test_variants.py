@@ -1,5 +1,6 @@
 """The presets are the released variants: every official key maps onto one of our tensors of the same
 shape, and the parameter counts equal the official ones."""
+
 import json
 
 import pytest
@@ -8,12 +9,26 @@ import torch
 from backbones import HATNet, STViT
 from backbones.pretrained import checkpoint_filter
 
-VARIANTS = {"stvit_small": (STViT, "small"), "stvit_base": (STViT, "base"), "stvit_large": (STViT, "large"),
-            "hatnet_tiny": (HATNet, "tiny"), "hatnet_small": (HATNet, "small"),
-            "hatnet_medium": (HATNet, "medium"), "hatnet_large": (HATNet, "large")}
+VARIANTS = {
+    "stvit_small": (STViT, "small"),
+    "stvit_base": (STViT, "base"),
+    "stvit_large": (STViT, "large"),
+    "hatnet_tiny": (HATNet, "tiny"),
+    "hatnet_small": (HATNet, "small"),
+    "hatnet_medium": (HATNet, "medium"),
+    "hatnet_large": (HATNet, "large"),
+}
 # Official trainable parameters that belong to the classifier, not to the backbone.
-HEAD_PARAMS = ("head.weight", "head.bias", "proj.weight", "proj.bias", "norm.weight", "norm.bias",
-               "classifier.1.weight", "classifier.1.bias")
+HEAD_PARAMS = (
+    "head.weight",
+    "head.bias",
+    "proj.weight",
+    "proj.bias",
+    "norm.weight",
+    "norm.bias",
+    "classifier.1.weight",
+    "classifier.1.bias",
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +43,7 @@ def test_official_keys_and_param_count(manifest, variant):
     official = manifest[variant]["keys"]
     ours = {k: list(v.shape) for k, v in model.state_dict().items()}
     kept, skipped = checkpoint_filter({k: torch.empty(0) for k in official}, model)
-    assert set(kept) == set(ours), (set(kept) ^ set(ours))
+    assert set(kept) == set(ours), set(kept) ^ set(ours)
     for key in kept:
         assert official[key] == ours[key], key
     head = sum(torch.Size(official[k]).numel() for k in HEAD_PARAMS if k in official)

@@ -1,5 +1,6 @@
 """Attention maps recorded from the backbones' own forward pass (backbones/attention_maps.py) and the
 tools/visualize_attention.py pictures drawn from them."""
+
 import os
 import os.path as osp
 
@@ -20,10 +21,24 @@ from backbones.attention_maps import (
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
 # shrunk archs of docs/DESIGN.md
-STVIT_ARCH = dict(embed_dims=[32, 64, 128, 256], depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], n_iter=[1, 1, 1, 1],
-                  stoken_size=[8, 4, 1, 1], layerscale=[False] * 4, init_values=1e-5)
-HATNET_ARCH = dict(dims=[32, 64, 128, 256], head_dim=32, expansions=[4, 4, 4, 4], grid_sizes=[8, 7, 7, 1],
-                   ds_ratios=[8, 4, 2, 1], depths=[1, 1, 2, 1], kernel_sizes=[3, 3, 3, 3])
+STVIT_ARCH = dict(
+    embed_dims=[32, 64, 128, 256],
+    depths=[1, 1, 2, 1],
+    num_heads=[1, 2, 4, 8],
+    n_iter=[1, 1, 1, 1],
+    stoken_size=[8, 4, 1, 1],
+    layerscale=[False] * 4,
+    init_values=1e-5,
+)
+HATNET_ARCH = dict(
+    dims=[32, 64, 128, 256],
+    head_dim=32,
+    expansions=[4, 4, 4, 4],
+    grid_sizes=[8, 7, 7, 1],
+    ds_ratios=[8, 4, 2, 1],
+    depths=[1, 1, 2, 1],
+    kernel_sizes=[3, 3, 3, 3],
+)
 # 100 x 140 input: stage maps 25x35, 13x18, 7x9, 4x5, none a multiple of its super-token / window size, so
 # the records include padded super-token cells and partial border windows.
 SIZE = (100, 140)
@@ -31,7 +46,7 @@ SIZE = (100, 140)
 
 def _model(family, seed=0):
     torch.manual_seed(seed)
-    model = STViT(STVIT_ARCH) if family == 'stvit' else HATNet(HATNET_ARCH)
+    model = STViT(STVIT_ARCH) if family == "stvit" else HATNet(HATNET_ARCH)
     for m in model.modules():  # non-trivial BatchNorm statistics, as after training
         if isinstance(m, torch.nn.BatchNorm2d):
             m.running_mean.normal_(0, 0.1), m.running_var.uniform_(0.5, 2.0)
@@ -44,35 +59,35 @@ def _record(model, x, blocks=None):
     return out, records
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def image():
     return torch.randn(2, 3, *SIZE, generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize('family', ['stvit', 'hatnet'])
+@pytest.mark.parametrize("family", ["stvit", "hatnet"])
 def test_recording_leaves_the_outputs_unchanged_and_records_every_block(family, image):
     model, x = _model(family), image
     with torch.no_grad():
         plain = model(x)
     recorded, records = _record(model, x)
     assert all(torch.equal(a, b) for a, b in zip(plain, recorded))
-    depths = model.arch['depths']
-    if family == 'stvit':  # only stages with super tokens have an association to record
+    depths = model.arch["depths"]
+    if family == "stvit":  # only stages with super tokens have an association to record
         assert sorted(records) == [(0, 0), (1, 0)]
     else:
         assert sorted(records) == [(i, j) for i in range(4) for j in range(depths[i])]
-    assert not records or all(v['kind'] in ('stoken', 'hat') for v in records.values())
+    assert not records or all(v["kind"] in ("stoken", "hat") for v in records.values())
     assert last_blocks(model) == [(0, 0), (1, 0), (2, 1), (3, 0)]  # depths [1, 1, 2, 1]
     _, nothing = _record(model, x, blocks=[])
     assert nothing == {}
-    with pytest.raises(KeyError, match='no attention block'):
+    with pytest.raises(KeyError, match="no attention block"):
         _record(model, x, blocks=[(4, 0)])
 
 
 def test_each_pixel_is_assigned_to_one_of_its_nine_neighbouring_super_tokens(image):
-    _, records = _record(_model('stvit'), image)
+    _, records = _record(_model("stvit"), image)
     for rec in records.values():
-        (hh, ww), (h, w), (H, W) = rec['grid'], rec['stoken_size'], rec['size']
+        (hh, ww), (h, w), (H, W) = rec["grid"], rec["stoken_size"], rec["size"]
         labels = stoken_assignment(rec)
         assert labels.shape == (2, H, W)
         ti, tj = labels // ww, labels % ww
@@ -88,9 +103,9 @@ def test_each_pixel_is_assigned_to_one_of_its_nine_neighbouring_super_tokens(ima
 
 
 def test_association_weights_sum_to_one_per_pixel(image):
-    _, records = _record(_model('stvit'), image)
+    _, records = _record(_model("stvit"), image)
     for rec in records.values():
-        affinity, (hh, ww), (h, w), (H, W) = rec['affinity'], rec['grid'], rec['stoken_size'], rec['size']
+        affinity, (hh, ww), (h, w), (H, W) = rec["affinity"], rec["grid"], rec["stoken_size"], rec["size"]
         assert affinity.shape == (2, hh * ww, h * w, 9) and (affinity >= 0).all()
         torch.testing.assert_close(affinity.sum(-1), torch.ones(affinity.shape[:3]))
         # Spread over the real super tokens, a pixel's weights sum to 1 minus what its cell gives to the
@@ -101,28 +116,28 @@ def test_association_weights_sum_to_one_per_pixel(image):
             i, j = divmod(cell, ww)
             for k in range(9):
                 if not (0 <= i + k // 3 - 1 < hh and 0 <= j + k % 3 - 1 < ww):
-                    outside[:, i * h:(i + 1) * h, j * w:(j + 1) * w] += affinity[:, cell, :, k].reshape(2, h, w)
+                    outside[:, i * h : (i + 1) * h, j * w : (j + 1) * w] += affinity[:, cell, :, k].reshape(2, h, w)
         torch.testing.assert_close(total + outside[:, :H, :W], torch.ones(2, H, W))
         interior = torch.zeros(H, W, dtype=torch.bool)
-        interior[h:(hh - 1) * h, w:(ww - 1) * w] = True
+        interior[h : (hh - 1) * h, w : (ww - 1) * w] = True
         torch.testing.assert_close(total[:, interior], torch.ones(2, int(interior.sum())))
 
 
 def test_window_attention_is_zero_outside_the_query_window(image):
-    _, records = _record(_model('hatnet'), image)
+    _, records = _record(_model("hatnet"), image)
     for (stage, _), rec in records.items():
-        H, W = rec['size']
-        if 'window_probs' not in rec:
+        H, W = rec["size"]
+        if "window_probs" not in rec:
             assert stage == 3  # grid_size 1: global attention only
-            with pytest.raises(KeyError, match='no windows'):
+            with pytest.raises(KeyError, match="no windows"):
                 window_attention_map(rec, 0, 0)
             continue
-        g = rec['grid_size']
+        g = rec["grid_size"]
         for y, x in [(0, 0), (H // 2, W // 2), (H - 1, W - 1), (H - 1, 0)]:  # incl. partial border windows
             amap = window_attention_map(rec, y, x)
-            assert amap.shape == (2, rec['global_probs'].shape[1], H, W)
+            assert amap.shape == (2, rec["global_probs"].shape[1], H, W)
             inside = torch.zeros(H, W, dtype=torch.bool)
-            inside[y // g * g:(y // g + 1) * g, x // g * g:(x // g + 1) * g] = True
+            inside[y // g * g : (y // g + 1) * g, x // g * g : (x // g + 1) * g] = True
             assert (amap[..., ~inside] == 0).all()
             assert (amap[..., inside] > 0).all()
             # all the mass stays on the window's pixels inside the map: padded keys get none
@@ -130,17 +145,16 @@ def test_window_attention_is_zero_outside_the_query_window(image):
 
 
 def test_global_attention_covers_the_pooled_map(image):
-    _, records = _record(_model('hatnet'), image)
+    _, records = _record(_model("hatnet"), image)
     for (stage, _), rec in records.items():
-        H, W = rec['size']
-        ds = HATNET_ARCH['ds_ratios'][stage] if stage < 3 else 1
-        assert rec['pooled'] == (-(-H // ds), -(-W // ds)) and rec['ds_ratio'] == ds
+        H, W = rec["size"]
+        ds = HATNET_ARCH["ds_ratios"][stage] if stage < 3 else 1
+        assert rec["pooled"] == (-(-H // ds), -(-W // ds)) and rec["ds_ratio"] == ds
         gmap = global_attention_map(rec, H - 1, W // 2)
-        assert gmap.shape == (2, rec['global_probs'].shape[1], *rec['pooled'])
+        assert gmap.shape == (2, rec["global_probs"].shape[1], *rec["pooled"])
         torch.testing.assert_close(gmap.sum((-2, -1)), torch.ones(gmap.shape[:2]))
-        with pytest.raises(IndexError, match='outside'):
+        with pytest.raises(IndexError, match="outside"):
             global_attention_map(rec, H, 0)
-
 
 
 def _autograd_nodes(y: torch.Tensor) -> set[str]:
@@ -154,7 +168,7 @@ def _autograd_nodes(y: torch.Tensor) -> set[str]:
     return {fn.name() for fn in seen}
 
 
-@pytest.mark.parametrize('family', ['stvit', 'hatnet'])
+@pytest.mark.parametrize("family", ["stvit", "hatnet"])
 def test_maps_are_the_same_on_the_fast_and_the_plain_paths(family, image):
     """The speed paths (channels_last layout, oneDNN attention, row chunks, MLP recomputation) change only the
     summation order of some convolutions and GEMMs: the maps agree to float32 rounding, and STViT's super-token
@@ -163,10 +177,10 @@ def test_maps_are_the_same_on_the_fast_and_the_plain_paths(family, image):
     forcing = dict(row_chunk_bytes=4096, mlp_recompute_numel=0, attention_min_keys=1)  # tiny input, every path
     with fast_paths(True, **forcing), record_attention(model) as fast:
         out = model(x)
-    assert {'_OverlappingRowsBackward', '_OneDnnAttentionBackward'} <= _autograd_nodes(out[-1])
+    assert {"_OverlappingRowsBackward", "_OneDnnAttentionBackward"} <= _autograd_nodes(out[-1])
     with fast_paths(False), record_attention(model) as plain:
         out = model(x)
-    assert not any(name.startswith('_') for name in _autograd_nodes(out[-1]))
+    assert not any(name.startswith("_") for name in _autograd_nodes(out[-1]))
     assert fast.keys() == plain.keys()
     for key, rec in fast.items():
         for name, value in rec.items():
@@ -174,7 +188,7 @@ def test_maps_are_the_same_on_the_fast_and_the_plain_paths(family, image):
                 torch.testing.assert_close(value, plain[key][name])
             else:
                 assert value == plain[key][name]
-        if family == 'stvit':
+        if family == "stvit":
             _assert_same_assignment(rec, plain[key])
 
 
@@ -191,17 +205,17 @@ def _assert_same_assignment(fast: dict, plain: dict):
 
 
 # ---- tools/visualize_attention.py end to end ------------------------------------------------------------------
-viz_tool = load_tool('visualize_attention')
+viz_tool = load_tool("visualize_attention")
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def picture(tmp_path_factory):
     """A 150 x 110 image (neither side a multiple of any stride) with two shapes on a gradient."""
-    path = tmp_path_factory.mktemp('img') / 'shapes.png'
+    path = tmp_path_factory.mktemp("img") / "shapes.png"
     yy, xx = np.mgrid[:110, :150]
     img = np.stack([xx * 255 // 150, yy * 255 // 110, np.full_like(xx, 90)], -1).astype(np.uint8)
     img[20:60, 15:60] = (220, 40, 40)
-    img[(yy - 70) ** 2 + (xx - 105) ** 2 < 25 ** 2] = (40, 200, 60)
+    img[(yy - 70) ** 2 + (xx - 105) ** 2 < 25**2] = (40, 200, 60)
     Image.fromarray(img).save(path)
     return str(path)
 
@@ -210,74 +224,94 @@ def _checkpoint(tmp_path, family, layout):
     """A randomly initialised demo backbone saved in one of the layouts the tool reads."""
     model = _model(family, seed=1)
     sd = model.state_dict()
-    if layout == 'export':  # what tools/export_backbone.py writes (family and arch in the meta)
+    if layout == "export":  # what tools/export_backbone.py writes (family and arch in the meta)
         from backbones.export import save_backbone
-        save_backbone(sd, model, tmp_path / 'backbone.safetensors')
-        return str(tmp_path / 'backbone.safetensors')
-    if layout == 'mm':  # tools/export_model.py: the detector's state_dict with 'backbone.' keys
-        path, obj = tmp_path / 'model.pth', {'state_dict': {f'backbone.{k}': v for k, v in sd.items()}}
+
+        save_backbone(sd, model, tmp_path / "backbone.safetensors")
+        return str(tmp_path / "backbone.safetensors")
+    if layout == "mm":  # tools/export_model.py: the detector's state_dict with 'backbone.' keys
+        path, obj = tmp_path / "model.pth", {"state_dict": {f"backbone.{k}": v for k, v in sd.items()}}
     else:  # an official ImageNet release: {'model': ...} with the classifier head, no meta
         from backbones.export import official_state_dict
-        path, obj = tmp_path / 'official.pth', {'model': {**official_state_dict(sd, family),
-                                                          'head.weight': torch.zeros(10, 256)}}
+
+        path, obj = (
+            tmp_path / "official.pth",
+            {"model": {**official_state_dict(sd, family), "head.weight": torch.zeros(10, 256)}},
+        )
     torch.save(obj, path)
     return str(path)
 
 
 def _png(path):
     assert osp.isfile(path)
-    return np.asarray(Image.open(path).convert('RGB'))
+    return np.asarray(Image.open(path).convert("RGB"))
 
 
-@pytest.mark.parametrize('layout', ['export', 'official', 'mm'])
+@pytest.mark.parametrize("layout", ["export", "official", "mm"])
 def test_tool_draws_stvit_super_tokens_for_each_stage(layout, picture, tmp_path):
-    out_dir = str(tmp_path / 'out')
-    ckpt = _checkpoint(tmp_path, 'stvit', layout)
-    written = viz_tool.main([DET_CFG, ckpt, picture, '--out-dir', out_dir])
-    assert written == [osp.join(out_dir, 'shapes_stvit_supertokens.png')]
+    out_dir = str(tmp_path / "out")
+    ckpt = _checkpoint(tmp_path, "stvit", layout)
+    written = viz_tool.main([DET_CFG, ckpt, picture, "--out-dir", out_dir])
+    assert written == [osp.join(out_dir, "shapes_stvit_supertokens.png")]
     png = _png(written[0])
     # two stages with super tokens (stoken_size 8, 4) side by side, two rows: each panel >= the image's size
     assert png.shape[0] >= 2 * 110 and png.shape[1] >= 2 * 150
     assert png.std() > 20  # a picture, not a blank canvas
-    if layout == 'mm':  # another super token gives another heat map; one stage only gives one column
-        other = viz_tool.main([DET_CFG, ckpt, picture, '--out-dir', str(tmp_path / 'b'), '--stages', '1',
-                               '--stoken', '0'])
+    if layout == "mm":  # another super token gives another heat map; one stage only gives one column
+        other = viz_tool.main(
+            [DET_CFG, ckpt, picture, "--out-dir", str(tmp_path / "b"), "--stages", "1", "--stoken", "0"]
+        )
         png1 = _png(other[0])
         assert png1.shape[1] < png.shape[1] and png1.shape[0] == png.shape[0]
 
 
 def test_tool_draws_hatnet_attention_from_a_lightning_checkpoint(seg_ckpt, picture, tmp_path):
-    out_dir = str(tmp_path / 'out')
-    centre = viz_tool.main([SEG_CFG, seg_ckpt, picture, '--out-dir', out_dir])[0]
-    assert osp.basename(centre) == 'shapes_hatnet_attention.png'
+    out_dir = str(tmp_path / "out")
+    centre = viz_tool.main([SEG_CFG, seg_ckpt, picture, "--out-dir", out_dir])[0]
+    assert osp.basename(centre) == "shapes_hatnet_attention.png"
     png = _png(centre)
     assert png.shape[0] >= 2 * 110 and png.shape[1] >= 4 * 150  # 2 rows x 4 stages
-    corner = _png(viz_tool.main([SEG_CFG, seg_ckpt, picture, '--out-dir', str(tmp_path / 'b'), '--point', '3',
-                                 '105'])[0])
+    corner = _png(
+        viz_tool.main([SEG_CFG, seg_ckpt, picture, "--out-dir", str(tmp_path / "b"), "--point", "3", "105"])[0]
+    )
     assert corner.shape == png.shape and (corner != png).any()  # the query moved: other maps
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def seg_ckpt(tmp_path_factory):
     """A Lightning checkpoint of the HAT-Net segmentation demo after one optimizer step (tools/train.py)."""
-    data = tmp_path_factory.mktemp('data')
-    load_tool('make_tiny_data').make_ade20k(data, num_train=2, num_val=1, seed=0)
-    work_dir = str(tmp_path_factory.mktemp('seg'))
-    opts = [f'{s}_dataloader.dataset.data_root={data}/tiny_ade20k/' for s in ('train', 'val', 'test')]
-    load_tool('train').main([SEG_CFG, '--work-dir', work_dir, '--cfg-options', *opts, 'train_dataloader.batch_size=2',
-                             'trainer.max_steps=1', 'trainer.val_check_interval=1', 'trainer.limit_val_batches=1',
-                             'trainer.enable_progress_bar=False', 'trainer.enable_model_summary=False',
-                             'trainer.logger=False'])
-    return osp.join(work_dir, 'last.ckpt')
+    data = tmp_path_factory.mktemp("data")
+    load_tool("make_tiny_data").make_ade20k(data, num_train=2, num_val=1, seed=0)
+    work_dir = str(tmp_path_factory.mktemp("seg"))
+    opts = [f"{s}_dataloader.dataset.data_root={data}/tiny_ade20k/" for s in ("train", "val", "test")]
+    load_tool("train").main(
+        [
+            SEG_CFG,
+            "--work-dir",
+            work_dir,
+            "--cfg-options",
+            *opts,
+            "train_dataloader.batch_size=2",
+            "trainer.max_steps=1",
+            "trainer.val_check_interval=1",
+            "trainer.limit_val_batches=1",
+            "trainer.enable_progress_bar=False",
+            "trainer.enable_model_summary=False",
+            "trainer.logger=False",
+        ]
+    )
+    return osp.join(work_dir, "last.ckpt")
 
 
 def test_the_input_is_the_test_pipelines_and_maps_go_back_to_original_pixels(picture):
     from tasks.attention_figures import map_pixel, to_image
     from tasks.config import load_config, register_scope
+
     cfg = load_config(DET_CFG)
     register_scope(cfg.default_scope)
     from mmdet.registry import MODELS
-    image = viz_tool.prepare(picture, viz_tool.test_pipeline(cfg), MODELS.build(cfg.model.data_preprocessor), 'cpu')
+
+    image = viz_tool.prepare(picture, viz_tool.test_pipeline(cfg), MODELS.build(cfg.model.data_preprocessor), "cpu")
     # Resize to fit 192 x 192 keeping the ratio (150 x 110 -> 192 x 141), pad to a multiple of 32
     assert image.original.shape == (110, 150, 3) and image.img_shape == (141, 192)
     assert tuple(image.inputs.shape) == (1, 3, 160, 192)
@@ -285,11 +319,12 @@ def test_the_input_is_the_test_pipelines_and_maps_go_back_to_original_pixels(pic
     # normalised by the data preprocessor's mean / std (RGB): the red square's pixel
     mean, std = torch.tensor(cfg.model.data_preprocessor.mean), torch.tensor(cfg.model.data_preprocessor.std)
     y, x = round(40 * image.scale[1]), round(37 * image.scale[0])
-    torch.testing.assert_close(image.inputs[0, :, y, x], (torch.tensor([220., 40, 40]) - mean) / std, atol=0.05,
-                               rtol=0)
+    torch.testing.assert_close(
+        image.inputs[0, :, y, x], (torch.tensor([220.0, 40, 40]) - mean) / std, atol=0.05, rtol=0
+    )
     assert (image.inputs[0, :, 141:] == 0).all()  # padding
     # a stride-8 map whose value is its column index, brought back over the original image
-    cols = to_image(torch.arange(24.).expand(20, 24), 8, image)
+    cols = to_image(torch.arange(24.0).expand(20, 24), 8, image)
     assert cols.shape == (110, 150)
     assert cols[:, 0].max() == 0 and cols[:, -1].min() == (192 - 1) // 8
     assert (np.diff(cols, axis=1) >= 0).all()
@@ -297,19 +332,22 @@ def test_the_input_is_the_test_pipelines_and_maps_go_back_to_original_pixels(pic
     assert map_pixel((75, 55), 4, image) == (int(55 * 141 / 110) // 4, int(75 * 192 / 150) // 4)
 
 
-@pytest.mark.parametrize('args, message', [
-    (['--point', '150', '10'], 'lies outside'),
-    (['--stages', '2'], 'no super'),
-    (['--stoken', '30'], 'super tokens'),
-    (['--stages', '0', '1', '--stoken', '1', '2', '3'], 'one per drawn stage'),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--point", "150", "10"], "lies outside"),
+        (["--stages", "2"], "no super"),
+        (["--stoken", "30"], "super tokens"),
+        (["--stages", "0", "1", "--stoken", "1", "2", "3"], "one per drawn stage"),
+    ],
+)
 def test_tool_refuses_bad_arguments_with_a_clear_message(args, message, picture, tmp_path):
-    ckpt = _checkpoint(tmp_path, 'stvit', 'mm')
+    ckpt = _checkpoint(tmp_path, "stvit", "mm")
     with pytest.raises(SystemExit, match=message):
-        viz_tool.main([DET_CFG, ckpt, picture, '--out-dir', str(tmp_path / 'out'), *args])
-    assert not (tmp_path / 'out').exists() or not os.listdir(tmp_path / 'out')
+        viz_tool.main([DET_CFG, ckpt, picture, "--out-dir", str(tmp_path / "out"), *args])
+    assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
 
 
 def test_tool_refuses_a_checkpoint_of_the_other_family(picture, tmp_path):
-    with pytest.raises(SystemExit, match='(?i)hatnet'):
-        viz_tool.main([DET_CFG, _checkpoint(tmp_path, 'hatnet', 'mm'), picture, '--out-dir', str(tmp_path)])
+    with pytest.raises(SystemExit, match="(?i)hatnet"):
+        viz_tool.main([DET_CFG, _checkpoint(tmp_path, "hatnet", "mm"), picture, "--out-dir", str(tmp_path)])

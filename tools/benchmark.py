@@ -13,6 +13,7 @@ ratios are fair on a noisy shared machine. Peak memory: max RSS of a child proce
 model (CPU), or torch.cuda.max_memory_allocated (CUDA). GFLOPs are multiply-adds of one forward pass
 counted with torch.utils.flop_counter (matmuls, convolutions, attention).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,24 @@ from backbones import HATNet, STViT, fast_paths  # noqa: E402
 FAMILIES = {"stvit": STViT, "hatnet": HATNet}
 # docs/DESIGN.md's shrunk archs (not released variants): the CPU smoke runs of the measuring tools.
 SHRUNK_ARCHS = {
-    "stvit": dict(embed_dims=[32, 64, 128, 256], depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8], n_iter=[1, 1, 1, 1],
-                  stoken_size=[8, 4, 1, 1], layerscale=[False] * 4, init_values=1e-5),
-    "hatnet": dict(dims=[32, 64, 128, 256], head_dim=32, expansions=[4, 4, 4, 4], grid_sizes=[8, 7, 7, 1],
-                   ds_ratios=[8, 4, 2, 1], depths=[1, 1, 2, 1], kernel_sizes=[3, 3, 3, 3]),
+    "stvit": dict(
+        embed_dims=[32, 64, 128, 256],
+        depths=[1, 1, 2, 1],
+        num_heads=[1, 2, 4, 8],
+        n_iter=[1, 1, 1, 1],
+        stoken_size=[8, 4, 1, 1],
+        layerscale=[False] * 4,
+        init_values=1e-5,
+    ),
+    "hatnet": dict(
+        dims=[32, 64, 128, 256],
+        head_dim=32,
+        expansions=[4, 4, 4, 4],
+        grid_sizes=[8, 7, 7, 1],
+        ds_ratios=[8, 4, 2, 1],
+        depths=[1, 1, 2, 1],
+        kernel_sizes=[3, 3, 3, 3],
+    ),
 }
 BASELINES = ("reference", "swin-t", "resnet50")
 
@@ -67,13 +82,31 @@ def build(name: str, family: str, arch: str, stoken_size=None, with_cp=False) ->
         return PlainPath(model) if name == "reference" else model
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
+
     register_all_modules()
     if name == "swin-t":
-        return MODELS.build(dict(type="SwinTransformer", embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
-                                 window_size=7, out_indices=(0, 1, 2, 3), with_cp=with_cp))
+        return MODELS.build(
+            dict(
+                type="SwinTransformer",
+                embed_dims=96,
+                depths=[2, 2, 6, 2],
+                num_heads=[3, 6, 12, 24],
+                window_size=7,
+                out_indices=(0, 1, 2, 3),
+                with_cp=with_cp,
+            )
+        )
     if name == "resnet50":
-        return MODELS.build(dict(type="ResNet", depth=50, out_indices=(0, 1, 2, 3), frozen_stages=-1,
-                                 norm_cfg=dict(type="BN", requires_grad=True), with_cp=with_cp))
+        return MODELS.build(
+            dict(
+                type="ResNet",
+                depth=50,
+                out_indices=(0, 1, 2, 3),
+                frozen_stages=-1,
+                norm_cfg=dict(type="BN", requires_grad=True),
+                with_cp=with_cp,
+            )
+        )
     raise ValueError(f"unknown model {name!r}; choose ours or one of {BASELINES}")
 
 
@@ -108,6 +141,7 @@ def make_step(model, x, mode: str, precision: str):
         else:
             with torch.no_grad(), autocast:
                 model(x)
+
     step.scaler = scaler
     return step
 
@@ -181,9 +215,10 @@ def measure_peak_gib(build, args, child_cmd: list[str]) -> float:
         model, x = build()
         make_step(model, x, args.mode, args.precision)()
         del model, x
-        return torch.cuda.max_memory_allocated() / 2 ** 30
-    out = subprocess.run(child_cmd, check=True, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return torch.cuda.max_memory_allocated() / 2**30
+    out = subprocess.run(
+        child_cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["max_rss_gib"]
 
 
@@ -202,11 +237,11 @@ def _peak_rss_gib() -> float:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 2 ** 20
+                    return int(line.split()[1]) / 2**20
     except OSError:
         pass
     # ru_maxrss: KiB on Linux, bytes on macOS
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2 ** 30 if sys.platform == "darwin" else 2 ** 20)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 def _model_and_input(name, args):
@@ -226,8 +261,22 @@ def compiled(model, x, args):
 
 
 def _forward_args(args) -> list[str]:
-    out = ["--family", args.family, "--arch", args.arch, "--size", f"{args.size[0]}x{args.size[1]}",
-           "--batch", str(args.batch), "--mode", args.mode, "--device", args.device, "--precision", args.precision]
+    out = [
+        "--family",
+        args.family,
+        "--arch",
+        args.arch,
+        "--size",
+        f"{args.size[0]}x{args.size[1]}",
+        "--batch",
+        str(args.batch),
+        "--mode",
+        args.mode,
+        "--device",
+        args.device,
+        "--precision",
+        args.precision,
+    ]
     if args.stoken_size:
         out += ["--stoken-size", ",".join(map(str, args.stoken_size))]
     return out + (["--with-cp"] if args.with_cp else []) + (["--compile"] if args.compile else [])
@@ -255,14 +304,27 @@ def run(args) -> list[dict]:
         timed["ours"], timed["eager"] = compiled(models["ours"], x, args), models["ours"]
     times = time_models(timed, x, args)
     if args.compile:
-        print(f"note: compiled {times['ours']:.3f} s/iter, eager {times['eager']:.3f} s/iter: "
-              f"{times['eager'] / times['ours']:.2f}x", file=sys.stderr)
+        print(
+            f"note: compiled {times['ours']:.3f} s/iter, eager {times['eager']:.3f} s/iter: "
+            f"{times['eager'] / times['ours']:.2f}x",
+            file=sys.stderr,
+        )
     for name, model in models.items():
-        rows.append(dict(model=name, family=args.family if name in ("ours", "reference") else name,
-                         arch=args.arch, size=f"{h}x{w}", batch=args.batch, mode=args.mode,
-                         precision=args.precision, stoken_size=args.stoken_size,
-                         params_m=sum(p.numel() for p in model.parameters()) / 1e6,
-                         gmacs=count_gmacs(model, x[:1]), seconds=times[name]))
+        rows.append(
+            dict(
+                model=name,
+                family=args.family if name in ("ours", "reference") else name,
+                arch=args.arch,
+                size=f"{h}x{w}",
+                batch=args.batch,
+                mode=args.mode,
+                precision=args.precision,
+                stoken_size=args.stoken_size,
+                params_m=sum(p.numel() for p in model.parameters()) / 1e6,
+                gmacs=count_gmacs(model, x[:1]),
+                seconds=times[name],
+            )
+        )
     del models
     for row in rows:
         row["peak_gib"] = peak_memory_gib(row["model"], args) if not args.no_memory else float("nan")
@@ -273,9 +335,15 @@ def run(args) -> list[dict]:
 
 
 # The papers' figures (params in M, GMACs at 224x224, classification models including their heads).
-PAPER = {("stvit", "small"): (25, 4.4), ("stvit", "base"): (52, 9.9), ("stvit", "large"): (95, 15.6),
-         ("hatnet", "tiny"): (12.7, 2.0), ("hatnet", "small"): (25.7, 4.3), ("hatnet", "medium"): (42.9, 8.3),
-         ("hatnet", "large"): (63.1, 11.5)}
+PAPER = {
+    ("stvit", "small"): (25, 4.4),
+    ("stvit", "base"): (52, 9.9),
+    ("stvit", "large"): (95, 15.6),
+    ("hatnet", "tiny"): (12.7, 2.0),
+    ("hatnet", "small"): (25.7, 4.3),
+    ("hatnet", "medium"): (42.9, 8.3),
+    ("hatnet", "large"): (63.1, 11.5),
+}
 
 
 def classifier_head(family: str, channels: int) -> tuple[int, int]:
@@ -287,15 +355,20 @@ def classifier_head(family: str, channels: int) -> tuple[int, int]:
 
 
 def variants_table() -> str:
-    lines = ["| variant | backbone params (M) | backbone GMACs | + official head: params (M) / GMACs "
-             "| paper: params (M) / GMACs |", "|---|---|---|---|---|"]
+    lines = [
+        "| variant | backbone params (M) | backbone GMACs | + official head: params (M) / GMACs "
+        "| paper: params (M) / GMACs |",
+        "|---|---|---|---|---|",
+    ]
     for (family, arch), (p_params, p_gmacs) in PAPER.items():
         model = FAMILIES[family](arch)
         params = sum(p.numel() for p in model.parameters())
         macs = count_gmacs(model, torch.randn(1, 3, 224, 224)) * 1e9
         head_params, head_macs = classifier_head(family, model.stage_channels[-1])
-        lines.append(f"| {family}-{arch} | {params / 1e6:.1f} | {macs / 1e9:.2f} | "
-                     f"{(params + head_params) / 1e6:.1f} / {(macs + head_macs) / 1e9:.2f} | {p_params} / {p_gmacs} |")
+        lines.append(
+            f"| {family}-{arch} | {params / 1e6:.1f} | {macs / 1e9:.2f} | "
+            f"{(params + head_params) / 1e6:.1f} / {(macs + head_macs) / 1e9:.2f} | {p_params} / {p_gmacs} |"
+        )
     return "\n".join(lines)
 
 
@@ -308,8 +381,11 @@ def throughput_table(args) -> str:
     --precision), next to the paper's figure where it gives one (at 224x224). Backbones only: no classifier
     head. On CUDA give --warmup and --repeat enough iterations for the kernels' autotuning to settle."""
     import copy
-    lines = ["| backbone | input | batch | device | precision | images/s | paper images/s (224x224) |",
-             "|---|---|---|---|---|---|---|"]
+
+    lines = [
+        "| backbone | input | batch | device | precision | images/s | paper images/s (224x224) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for family, arch in PAPER:
         if family != args.family:
             continue
@@ -319,8 +395,10 @@ def throughput_table(args) -> str:
         images_per_s = throughput(model, x, a.warmup, a.repeat, a.precision)
         del model, x
         paper = PAPER_THROUGHPUT.get((family, arch)) if tuple(a.size) == (224, 224) else None
-        lines.append(f"| {family}-{arch} | {a.size[0]}x{a.size[1]} | {a.batch} | {a.device} | {a.precision} "
-                     f"| {images_per_s:.4g} | {paper if paper else 'n/a'} |")
+        lines.append(
+            f"| {family}-{arch} | {a.size[0]}x{a.size[1]} | {a.batch} | {a.device} | {a.precision} "
+            f"| {images_per_s:.4g} | {paper if paper else 'n/a'} |"
+        )
         print(lines[-1], file=sys.stderr, flush=True)
     return "\n".join(lines)
 
@@ -331,8 +409,12 @@ TABLE_CONFIGS = (("stvit", None), ("stvit", "dense"), ("hatnet", None))
 def speed_table(args) -> str:
     """One markdown table: every TABLE_CONFIGS row at 448x672 and 800x1344, train mode, with --compare."""
     import copy
-    lines = ["| backbone | input | s/iter | vs reference | vs Swin-T | vs ResNet-50 | peak GiB (ref / Swin-T / R50) "
-             "| GMACs |", "|---|---|---|---|---|---|---|---|"]
+
+    lines = [
+        "| backbone | input | s/iter | vs reference | vs Swin-T | vs ResNet-50 | peak GiB (ref / Swin-T / R50) "
+        "| GMACs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     fmt = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
     all_rows = []
     for size in ((448, 672), (800, 1344)):
@@ -348,10 +430,12 @@ def speed_table(args) -> str:
             if stoken == "dense":
                 name += f" stoken {','.join(map(str, a.stoken_size))}"
             peaks = " / ".join(f"{by[k]['peak_gib']:.2f}" if k in by else "n/a" for k in BASELINES)
-            lines.append(f"| {name} | {size[0]}x{size[1]} | {ours['seconds']:.2f} "
-                         f"| {fmt(ours['speedup_vs_reference'])} "
-                         f"| {fmt(ours['speedup_vs_swin-t'])} | {fmt(ours['speedup_vs_resnet50'])} "
-                         f"| {ours['peak_gib']:.2f} ({peaks}) | {ours['gmacs']:.1f} |")
+            lines.append(
+                f"| {name} | {size[0]}x{size[1]} | {ours['seconds']:.2f} "
+                f"| {fmt(ours['speedup_vs_reference'])} "
+                f"| {fmt(ours['speedup_vs_swin-t'])} | {fmt(ours['speedup_vs_resnet50'])} "
+                f"| {ours['peak_gib']:.2f} ({peaks}) | {ours['gmacs']:.1f} |"
+            )
             print(lines[-1], file=sys.stderr, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(all_rows, indent=1))
@@ -360,10 +444,14 @@ def speed_table(args) -> str:
 
 # --scaling: (label, build name, family, dense stoken sizes?). The reference STViT-S keeps the preset's global
 # attention in stage 3 as explicit N x N matrices: the quadratic curve next to ours.
-SCALING_MODELS = (("STViT-S", "ours", "stvit", False), ("STViT-S dense", "ours", "stvit", True),
-                  ("HAT-Net-S", "ours", "hatnet", False), ("Swin-T (mmdet)", "swin-t", "stvit", False),
-                  ("reference STViT-S", "reference", "stvit", False),
-                  ("reference HAT-Net-S", "reference", "hatnet", False))
+SCALING_MODELS = (
+    ("STViT-S", "ours", "stvit", False),
+    ("STViT-S dense", "ours", "stvit", True),
+    ("HAT-Net-S", "ours", "hatnet", False),
+    ("Swin-T (mmdet)", "swin-t", "stvit", False),
+    ("reference STViT-S", "reference", "stvit", False),
+    ("reference HAT-Net-S", "reference", "hatnet", False),
+)
 SCALING_SIZES = ((224, 224), (448, 448), (448, 672), (640, 960), (800, 1344))
 
 
@@ -373,6 +461,7 @@ def scaling(args) -> list[dict]:
     cannot run at a size (the reference HAT-Net, like the official code, needs stage maps that divide by its
     grids) gets a row with its reason instead of numbers."""
     import copy
+
     rows = []
     for size in args.sizes:
         configs, models = {}, {}
@@ -384,8 +473,15 @@ def scaling(args) -> list[dict]:
             a = copy.copy(args)
             a.size, a.family, a.mode, a.compare = size, family, "train", False
             a.stoken_size = args.dense_stoken_size if dense else None
-            row = dict(model=label, impl=name, size=f"{size[0]}x{size[1]}", pixels=size[0] * size[1], seconds=None,
-                       peak_gib=None, note="")
+            row = dict(
+                model=label,
+                impl=name,
+                size=f"{size[0]}x{size[1]}",
+                pixels=size[0] * size[1],
+                seconds=None,
+                peak_gib=None,
+                note="",
+            )
             rows.append(row)
             model = build(name, family, a.arch, a.stoken_size, a.with_cp).to(args.device)
             try:
@@ -403,7 +499,7 @@ def scaling(args) -> list[dict]:
         for name, a, row in configs.values():
             if not args.no_memory:
                 row["peak_gib"] = peak_memory_gib(name, a)
-        for row in rows[-len(SCALING_MODELS):]:  # a run cut short still leaves the sizes done in its log
+        for row in rows[-len(SCALING_MODELS) :]:  # a run cut short still leaves the sizes done in its log
             print(f"note: {json.dumps(row)}", file=sys.stderr, flush=True)
     return rows
 
@@ -426,10 +522,12 @@ def scaling_plot(rows, path, title=""):
     """Log-log plot of seconds and peak memory against pixels, one line per model, with dotted slopes 1 and 2
     (cost proportional to the pixels and to their square) through STViT-S's smallest point. Returns the figure."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from backbones.atomic import atomic_write
+
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     for ax, key, ylabel in ((axes[0], "seconds", "seconds per train step"), (axes[1], "peak_gib", "peak GiB")):
         labels = list(dict.fromkeys(r["model"] for r in rows))
@@ -445,8 +543,14 @@ def scaling_plot(rows, path, title=""):
         if len(base) > 1 and key == "seconds":
             (p0, y0), p1 = base[0], base[-1][0]
             for slope, style in ((1, ":"), (2, "-.")):
-                ax.plot([p0, p1], [y0, y0 * (p1 / p0) ** slope], style, color="grey", linewidth=0.8,
-                        label=f"slope {slope} (cost ~ pixels{'' if slope == 1 else '^2'})")
+                ax.plot(
+                    [p0, p1],
+                    [y0, y0 * (p1 / p0) ** slope],
+                    style,
+                    color="grey",
+                    linewidth=0.8,
+                    label=f"slope {slope} (cost ~ pixels{'' if slope == 1 else '^2'})",
+                )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("input pixels (H x W)")
@@ -461,54 +565,91 @@ def scaling_plot(rows, path, title=""):
 
 
 def print_rows(rows):
-    hdr = f"{'model':10} {'arch':>6} {'size':>9} {'mode':>5} {'params(M)':>9} {'GMACs':>7} {'s/iter':>7} " \
-          f"{'peak GiB':>8} {'vs ref':>6}"
+    hdr = (
+        f"{'model':10} {'arch':>6} {'size':>9} {'mode':>5} {'params(M)':>9} {'GMACs':>7} {'s/iter':>7} "
+        f"{'peak GiB':>8} {'vs ref':>6}"
+    )
     print(hdr)
     for r in rows:
         ratio = f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "-"
-        print(f"{r['model']:10} {r['arch']:>6} {r['size']:>9} {r['mode']:>5} {r['params_m']:9.1f} "
-              f"{r['gmacs']:7.1f} {r['seconds']:7.2f} {r['peak_gib']:8.2f} {ratio:>6}")
+        print(
+            f"{r['model']:10} {r['arch']:>6} {r['size']:>9} {r['mode']:>5} {r['params_m']:9.1f} "
+            f"{r['gmacs']:7.1f} {r['seconds']:7.2f} {r['peak_gib']:8.2f} {ratio:>6}"
+        )
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES), default="stvit")
-    p.add_argument("--arch", default="small",
-                   help="a preset of --family, or 'shrunk' (docs/DESIGN.md's CPU-test archs)")
-    p.add_argument("--size", type=lambda s: tuple(int(v) for v in s.lower().split("x")),
-                   help="HxW (default 448x672; 224x224 with --throughput)")
+    p.add_argument(
+        "--arch", default="small", help="a preset of --family, or 'shrunk' (docs/DESIGN.md's CPU-test archs)"
+    )
+    p.add_argument(
+        "--size",
+        type=lambda s: tuple(int(v) for v in s.lower().split("x")),
+        help="HxW (default 448x672; 224x224 with --throughput)",
+    )
     p.add_argument("--batch", type=int, help="default 1; 64 with --throughput")
     p.add_argument("--mode", choices=["train", "infer"], default="train")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
-                   help="fp16: autocast, and in train mode a GradScaler as Lightning's 16-mixed")
-    p.add_argument("--stoken-size", type=lambda s: [int(v) for v in s.split(",")], default=None,
-                   help="STViT super-token sizes per stage, e.g. 8,4,2,1")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16"],
+        default="fp32",
+        help="fp16: autocast, and in train mode a GradScaler as Lightning's 16-mixed",
+    )
+    p.add_argument(
+        "--stoken-size",
+        type=lambda s: [int(v) for v in s.split(",")],
+        default=None,
+        help="STViT super-token sizes per stage, e.g. 8,4,2,1",
+    )
     p.add_argument("--with-cp", action="store_true", help="activation checkpointing")
     p.add_argument("--compare", action="store_true", help=f"also run {', '.join(BASELINES)}")
-    p.add_argument("--compile", action="store_true",
-                   help="time ours under torch.compile (inductor); baselines stay eager, GMACs count the eager model, "
-                        "peak RSS on CPU includes the compiler's")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="time ours under torch.compile (inductor); baselines stay eager, GMACs count the eager model, "
+        "peak RSS on CPU includes the compiler's",
+    )
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--variants", action="store_true", help="params / GMACs of every released variant at 224")
-    p.add_argument("--table", action="store_true",
-                   help="the README speed table: STViT-S (default and dense stoken sizes) and HAT-Net-S at "
-                        "448x672 and 800x1344, train, vs reference / Swin-T / ResNet-50, with peak memory")
-    p.add_argument("--throughput", action="store_true",
-                   help="images/s of every released variant of --family in inference (224x224, batch 64 by "
-                        "default), next to the STViT paper's figures; e.g. --device cuda --precision bf16")
-    p.add_argument("--scaling", action="store_true",
-                   help="train-step time and peak memory against the input size (--sizes) for STViT-S (preset and "
-                        "dense), HAT-Net-S, mmdet's Swin-T and the reference implementation, one round-robin run "
-                        "per size; a table, and with --plot a log-log figure")
-    p.add_argument("--sizes", nargs="+", help="--scaling sizes, HxW each (spaces or commas; default "
-                   + ",".join(f"{h}x{w}" for h, w in SCALING_SIZES) + ")")
+    p.add_argument(
+        "--table",
+        action="store_true",
+        help="the README speed table: STViT-S (default and dense stoken sizes) and HAT-Net-S at "
+        "448x672 and 800x1344, train, vs reference / Swin-T / ResNet-50, with peak memory",
+    )
+    p.add_argument(
+        "--throughput",
+        action="store_true",
+        help="images/s of every released variant of --family in inference (224x224, batch 64 by "
+        "default), next to the STViT paper's figures; e.g. --device cuda --precision bf16",
+    )
+    p.add_argument(
+        "--scaling",
+        action="store_true",
+        help="train-step time and peak memory against the input size (--sizes) for STViT-S (preset and "
+        "dense), HAT-Net-S, mmdet's Swin-T and the reference implementation, one round-robin run "
+        "per size; a table, and with --plot a log-log figure",
+    )
+    p.add_argument(
+        "--sizes",
+        nargs="+",
+        help="--scaling sizes, HxW each (spaces or commas; default "
+        + ",".join(f"{h}x{w}" for h, w in SCALING_SIZES)
+        + ")",
+    )
     p.add_argument("--plot", help="--scaling: write the log-log plot to this PNG")
-    p.add_argument("--dense-stoken-size", type=lambda s: [int(v) for v in s.split(",")], default=[8, 4, 2, 1],
-                   help="STViT super-token sizes of the table's dense-prediction rows (default 8,4,2,1)")
+    p.add_argument(
+        "--dense-stoken-size",
+        type=lambda s: [int(v) for v in s.split(",")],
+        default=[8, 4, 2, 1],
+        help="STViT super-token sizes of the table's dense-prediction rows (default 8,4,2,1)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's default)")
     p.add_argument("--_child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -549,8 +690,12 @@ def main(argv=None):
         rows = scaling(args)
         print(scaling_tables(rows))
         if args.plot:
-            scaling_plot(rows, args.plot, f"train step, batch {args.batch}, {args.precision}, "
-                         f"{torch.get_num_threads()} threads, {args.device}; ours / reference arch {args.arch}")
+            scaling_plot(
+                rows,
+                args.plot,
+                f"train step, batch {args.batch}, {args.precision}, "
+                f"{torch.get_num_threads()} threads, {args.device}; ours / reference arch {args.arch}",
+            )
             print(f"wrote {args.plot}")
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -16,6 +16,7 @@ seconds per iteration of each model (train mode = forward + backward of the four
 round-robin so that machine noise hits both alike, the speedup, and each model's peak memory alone in a
 child process (max RSS on CPU, ``torch.cuda.max_memory_allocated`` on CUDA).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,6 +45,7 @@ REPOS = "hhb072/STViT (models/stvit.py) or yun-liu/HAT-Net (HAT_Net.py)"
 def _unavailable(name):
     def fail(*args, **kwargs):
         raise RuntimeError(f"{name} is a stand-in of tools/compare_official.py; install the package to use it")
+
     return fail
 
 
@@ -53,13 +55,18 @@ def _to_2tuple(x):
 
 # Module -> attributes of its stand-in, for the top-level imports of the two official files.
 _STANDINS = {
-    "timm": {}, "timm.models": {},
+    "timm": {},
+    "timm.models": {},
     "timm.models.layers": dict(DropPath=DropPath, to_2tuple=_to_2tuple, trunc_normal_=nn.init.trunc_normal_),
     "timm.models.registry": dict(register_model=lambda fn: fn),
     "timm.models.vision_transformer": dict(_cfg=lambda **kwargs: dict(kwargs)),
-    "fvcore": {}, "fvcore.nn": dict(FlopCountAnalysis=_unavailable("fvcore.nn.FlopCountAnalysis"),
-                                    flop_count_table=_unavailable("fvcore.nn.flop_count_table")),
-    "scipy": {}, "scipy.io": {},
+    "fvcore": {},
+    "fvcore.nn": dict(
+        FlopCountAnalysis=_unavailable("fvcore.nn.FlopCountAnalysis"),
+        flop_count_table=_unavailable("fvcore.nn.flop_count_table"),
+    ),
+    "scipy": {},
+    "scipy.io": {},
 }
 
 
@@ -122,7 +129,7 @@ def build_official(module, family: str, arch: str, stoken_size=None) -> Official
     builder = getattr(module, name, None)
     if builder is None:
         prefix = "stvit_" if family == "stvit" else "HAT_Net_"
-        known = sorted(k[len(prefix):] for k in vars(module) if k.startswith(prefix))
+        known = sorted(k[len(prefix) :] for k in vars(module) if k.startswith(prefix))
         raise SystemExit(f"the official file has no {name}(); its variants: {', '.join(known)}")
     torch.manual_seed(0)
     if family == "stvit":
@@ -151,8 +158,11 @@ def max_relative_difference(a_outs, b_outs) -> float:
 
 def peak_memory_gib(which: str, args) -> float:
     """Peak memory of the official model or ours alone (a child process on CPU)."""
-    return measure_peak_gib(lambda: (_one_of_pair(which, args), _input(args)), args,
-                            [sys.executable, __file__, *args.argv, "--_child", which])
+    return measure_peak_gib(
+        lambda: (_one_of_pair(which, args), _input(args)),
+        args,
+        [sys.executable, __file__, *args.argv, "--_child", which],
+    )
 
 
 def _one_of_pair(which: str, args) -> nn.Module:
@@ -173,8 +183,12 @@ def parse_args(argv=None):
     p.add_argument("--mode", choices=["train", "infer"], default="train")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--stoken-size", type=lambda s: [int(v) for v in s.split(",")], default=None,
-                   help="STViT super-token sizes per stage for both models, e.g. 8,4,2,1")
+    p.add_argument(
+        "--stoken-size",
+        type=lambda s: [int(v) for v in s.split(",")],
+        default=None,
+        help="STViT super-token sizes per stage for both models, e.g. 8,4,2,1",
+    )
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
@@ -192,15 +206,27 @@ def run(args) -> dict:
         try:
             official_outs = official.eval()(x)
         except RuntimeError as e:  # HAT-Net's official window grids must divide every stage map
-            raise SystemExit(f"the official {family} model cannot run at {args.size[0]}x{args.size[1]}: "
-                             f"{str(e).splitlines()[0]} (official HAT-Net needs multiples of 224)") from e
+            raise SystemExit(
+                f"the official {family} model cannot run at {args.size[0]}x{args.size[1]}: "
+                f"{str(e).splitlines()[0]} (official HAT-Net needs multiples of 224)"
+            ) from e
         diff = max_relative_difference(official_outs, ours.eval()(x))
     times = time_models({"official": official, "ours": ours}, x, args)
     del official, ours
-    result = dict(family=family, arch=args.arch, size=f"{args.size[0]}x{args.size[1]}", batch=args.batch,
-                  mode=args.mode, precision=args.precision, stoken_size=args.stoken_size, device=args.device,
-                  max_relative_difference=diff, official_seconds=times["official"], ours_seconds=times["ours"],
-                  speedup=times["official"] / times["ours"])
+    result = dict(
+        family=family,
+        arch=args.arch,
+        size=f"{args.size[0]}x{args.size[1]}",
+        batch=args.batch,
+        mode=args.mode,
+        precision=args.precision,
+        stoken_size=args.stoken_size,
+        device=args.device,
+        max_relative_difference=diff,
+        official_seconds=times["official"],
+        ours_seconds=times["ours"],
+        speedup=times["official"] / times["ours"],
+    )
     if not args.no_memory:
         result["official_peak_gib"] = peak_memory_gib("official", args)
         result["ours_peak_gib"] = peak_memory_gib("ours", args)
@@ -213,11 +239,15 @@ def main(argv=None):
         report_child_peak(_one_of_pair(args._child, args), _input(args), args)
         return
     r = run(args)
-    peaks = (f"{r['official_peak_gib']:.2f} / {r['ours_peak_gib']:.2f}" if "ours_peak_gib" in r else "n/a")
-    print("| model | input | mode | official s/iter | ours s/iter | speedup | peak GiB official / ours "
-          "| max rel. diff |\n|---|---|---|---|---|---|---|---|")
-    print(f"| {r['family']}-{r['arch']} | {r['size']} | {r['mode']} | {r['official_seconds']:.2f} "
-          f"| {r['ours_seconds']:.2f} | {r['speedup']:.2f}x | {peaks} | {r['max_relative_difference']:.1e} |")
+    peaks = f"{r['official_peak_gib']:.2f} / {r['ours_peak_gib']:.2f}" if "ours_peak_gib" in r else "n/a"
+    print(
+        "| model | input | mode | official s/iter | ours s/iter | speedup | peak GiB official / ours "
+        "| max rel. diff |\n|---|---|---|---|---|---|---|---|"
+    )
+    print(
+        f"| {r['family']}-{r['arch']} | {r['size']} | {r['mode']} | {r['official_seconds']:.2f} "
+        f"| {r['ours_seconds']:.2f} | {r['speedup']:.2f}x | {peaks} | {r['max_relative_difference']:.1e} |"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1))
 

@@ -8,6 +8,7 @@ where everything is.
 Each step is the same command a user would type (tools/make_tiny_data.py, tools/train.py, tools/test.py,
 tools/visualize_attention.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,12 +53,36 @@ def main(argv=None) -> int:
         t0 = time.time()
         run([py, "tools/train.py", config, "--work-dir", str(run_dir), "--cfg-options", *options])
         train_s = time.time() - t0
-        run([py, "tools/test.py", config, str(run_dir / "last.ckpt"), "--work-dir", str(run_dir),
-             "--out", str(run_dir / "test_metrics.json"), "--show-dir", str(run_dir / "vis"),
-             "--cfg-options", *options])
+        run(
+            [
+                py,
+                "tools/test.py",
+                config,
+                str(run_dir / "last.ckpt"),
+                "--work-dir",
+                str(run_dir),
+                "--out",
+                str(run_dir / "test_metrics.json"),
+                "--show-dir",
+                str(run_dir / "vis"),
+                "--cfg-options",
+                *options,
+            ]
+        )
         image = sorted((roots[stem.split("_")[0]] / VAL_IMAGES[stem.split("_")[0]]).glob("*.jpg"))[0]
-        run([py, "tools/visualize_attention.py", config, str(run_dir / "last.ckpt"), str(image), "--out-dir",
-             str(run_dir / "attention"), "--cfg-options", *options])
+        run(
+            [
+                py,
+                "tools/visualize_attention.py",
+                config,
+                str(run_dir / "last.ckpt"),
+                str(image),
+                "--out-dir",
+                str(run_dir / "attention"),
+                "--cfg-options",
+                *options,
+            ]
+        )
         run([py, "tools/plot_curves.py", str(run_dir), "--out", str(run_dir / "training_curves.png")])
         metrics = json.loads((run_dir / "test_metrics.json").read_text())
         passed = metrics.get(key, 0.0) >= threshold
@@ -68,8 +93,10 @@ def main(argv=None) -> int:
         shown = ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if isinstance(v, (int, float)))
         print(f"{name}: {shown}  (trained in {train_s / 60:.1f} min)")
         print(f"  {key} >= {threshold}: {'yes' if passed else 'NO'}")
-        print(f"  metrics: {run_dir / 'test_metrics.json'}  pictures: {run_dir / 'vis'}/  "
-              f"checkpoints and logs: {run_dir}/")
+        print(
+            f"  metrics: {run_dir / 'test_metrics.json'}  pictures: {run_dir / 'vis'}/  "
+            f"checkpoints and logs: {run_dir}/"
+        )
         print(f"  attention maps (tools/visualize_attention.py): {run_dir / 'attention'}/")
         print(f"  training curves (tools/plot_curves.py): {run_dir / 'training_curves.png'}")
     return 0 if ok else 1

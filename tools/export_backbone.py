@@ -36,10 +36,10 @@ from tasks.export import export_backbone  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('checkpoint', help='Lightning .ckpt or mm-format checkpoint')
-    parser.add_argument('--out', required=True, help='output file (.pth / .pt / .safetensors / .onnx)')
-    parser.add_argument('--format', choices=FORMATS, help='default: inferred from the extension of --out')
-    parser.add_argument('--config', help='training config (needed when the checkpoint does not store it)')
+    parser.add_argument("checkpoint", help="Lightning .ckpt or mm-format checkpoint")
+    parser.add_argument("--out", required=True, help="output file (.pth / .pt / .safetensors / .onnx)")
+    parser.add_argument("--format", choices=FORMATS, help="default: inferred from the extension of --out")
+    parser.add_argument("--config", help="training config (needed when the checkpoint does not store it)")
     return parser.parse_args(argv)
 
 
@@ -50,13 +50,15 @@ def main(argv=None) -> dict:
     except (CheckpointError, ExportError) as e:
         if argv is not None:  # called from Python: let the caller see the exception
             raise
-        sys.exit(f'error: {e}')
-    metrics = ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in meta['metrics'].items())
-    print(f"wrote {args.out} ({meta['format']}): {meta['family']} backbone, {meta['num_tensors']} tensors, "
-          f"{meta['num_params']:,} values, step {meta['step']}, epoch {meta['epoch']}"
-          f"{', ' + metrics if metrics else ''}\nsha256 of the tensors: {meta['sha256']}")
+        sys.exit(f"error: {e}")
+    metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in meta["metrics"].items())
+    print(
+        f"wrote {args.out} ({meta['format']}): {meta['family']} backbone, {meta['num_tensors']} tensors, "
+        f"{meta['num_params']:,} values, step {meta['step']}, epoch {meta['epoch']}"
+        f"{', ' + metrics if metrics else ''}\nsha256 of the tensors: {meta['sha256']}"
+    )
     return meta
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

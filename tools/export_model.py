@@ -26,9 +26,9 @@ from tasks.export import export_model  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('checkpoint', help='Lightning .ckpt from tools/train.py')
-    parser.add_argument('--out', required=True, help='output .pth file')
-    parser.add_argument('--config', help='training config (needed when the checkpoint does not store it)')
+    parser.add_argument("checkpoint", help="Lightning .ckpt from tools/train.py")
+    parser.add_argument("--out", required=True, help="output .pth file")
+    parser.add_argument("--config", help="training config (needed when the checkpoint does not store it)")
     return parser.parse_args(argv)
 
 
@@ -39,12 +39,14 @@ def main(argv=None) -> dict:
     except (CheckpointError, ExportError) as e:
         if argv is not None:
             raise
-        sys.exit(f'error: {e}')
-    classes = meta['dataset_meta'].get('classes') or ()
-    print(f"wrote {args.out}: {len(classes)} classes, step {meta['iter']}, epoch {meta['epoch']}, "
-          f"metrics {meta['metrics']}\nsha256 of the tensors: {meta['sha256']}")
+        sys.exit(f"error: {e}")
+    classes = meta["dataset_meta"].get("classes") or ()
+    print(
+        f"wrote {args.out}: {len(classes)} classes, step {meta['iter']}, epoch {meta['epoch']}, "
+        f"metrics {meta['metrics']}\nsha256 of the tensors: {meta['sha256']}"
+    )
     return meta
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

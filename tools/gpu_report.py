@@ -24,6 +24,7 @@ Time: CUDA events after warm-up on CUDA (perf_counter on CPU); peak memory: torc
 reset per row (weights and gradients included). A failing row (out of memory, compile error) is recorded in the
 report and the run goes on; rows that would start after --budget-s seconds are skipped with a note.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,6 +62,7 @@ EXACT_TOLERANCE = 1e-4  # max relative difference of fp32 outputs that counts as
 
 class Plan(NamedTuple):
     """Sizes and iteration counts of one run."""
+
     exact_sizes: tuple  # (H, W): the detection size, one that divides every grid, one that divides none
     train_size: tuple
     train_batch: int
@@ -78,21 +80,45 @@ class Plan(NamedTuple):
     budget_s: float
 
 
-FULL = Plan(exact_sizes=((800, 1344), (896, 1344), (805, 1211)), train_size=(800, 1344), train_batch=2,
-            train_warmup=3, train_iters=10, tp_size=(224, 224), tp_batch=64, tp_warmup=50, tp_iters=30,
-            variants=tuple((f"{f}-{a}", f, a) for f, a in benchmark.PAPER), shrunk=False,
-            compile_models=("stvit-s-dense", "hatnet-s", "stvit-s"),
-            compile_backend="inductor", compile_timeout_s=200, budget_s=480)
+FULL = Plan(
+    exact_sizes=((800, 1344), (896, 1344), (805, 1211)),
+    train_size=(800, 1344),
+    train_batch=2,
+    train_warmup=3,
+    train_iters=10,
+    tp_size=(224, 224),
+    tp_batch=64,
+    tp_warmup=50,
+    tp_iters=30,
+    variants=tuple((f"{f}-{a}", f, a) for f, a in benchmark.PAPER),
+    shrunk=False,
+    compile_models=("stvit-s-dense", "hatnet-s", "stvit-s"),
+    compile_backend="inductor",
+    compile_timeout_s=200,
+    budget_s=480,
+)
 # CPU smoke run: every code path of the full run on the shrunk archs (on this CPU the small variants' fp16 and
 # bf16 steps take ~10 s each even at 64x96: no fp16 kernels), at sizes whose stage maps still exercise the
 # padding (72x100 divides no grid). torch.compile with the eager backend: dynamo's graph capture (graph breaks,
 # guards) and the child-process plumbing, without inductor's C++ code generation (minutes on a CPU) or
 # AOTAutograd (~30 s here).
-QUICK = Plan(exact_sizes=((64, 96), (224, 224), (72, 100)), train_size=(64, 96), train_batch=1, train_warmup=1,
-             train_iters=2, tp_size=(32, 32), tp_batch=2, tp_warmup=1, tp_iters=2,
-             variants=tuple((f"{f}-shrunk", f, benchmark.SHRUNK_ARCHS[f]) for f in ("stvit", "hatnet")),
-             shrunk=True, compile_models=("stvit-s-dense",),
-             compile_backend="eager", compile_timeout_s=300, budget_s=110)
+QUICK = Plan(
+    exact_sizes=((64, 96), (224, 224), (72, 100)),
+    train_size=(64, 96),
+    train_batch=1,
+    train_warmup=1,
+    train_iters=2,
+    tp_size=(32, 32),
+    tp_batch=2,
+    tp_warmup=1,
+    tp_iters=2,
+    variants=tuple((f"{f}-shrunk", f, benchmark.SHRUNK_ARCHS[f]) for f in ("stvit", "hatnet")),
+    shrunk=True,
+    compile_models=("stvit-s-dense",),
+    compile_backend="eager",
+    compile_timeout_s=300,
+    budget_s=110,
+)
 
 
 def dense_stoken_size(config=COCO_CONFIG) -> list[int]:
@@ -143,9 +169,11 @@ class Budget:
 def swin_source() -> str:
     try:
         import timm
+
         return f"timm {timm.__version__}"
     except ImportError:
         import torchvision
+
         return f"torchvision {torchvision.__version__} (timm not installed)"
 
 
@@ -162,17 +190,30 @@ class SwinStages(torch.nn.Module):
             timm = None
         if timm is not None:
             try:
-                self.net = timm.create_model("swin_tiny_patch4_window7_224", features_only=True, img_size=size,
-                                             pretrained=False, strict_img_size=False, **arch)
+                self.net = timm.create_model(
+                    "swin_tiny_patch4_window7_224",
+                    features_only=True,
+                    img_size=size,
+                    pretrained=False,
+                    strict_img_size=False,
+                    **arch,
+                )
             except TypeError:  # older timm: no strict_img_size
-                self.net = timm.create_model("swin_tiny_patch4_window7_224", features_only=True, img_size=size,
-                                             pretrained=False, **arch)
+                self.net = timm.create_model(
+                    "swin_tiny_patch4_window7_224", features_only=True, img_size=size, pretrained=False, **arch
+                )
         else:
             import torchvision
-            features = (torchvision.models.SwinTransformer([4, 4], 32, [1, 1, 2, 1], [1, 2, 4, 8], [7, 7]) if shrunk
-                        else torchvision.models.swin_t()).features
-            self.net = torch.nn.ModuleList([torch.nn.Sequential(features[0], features[1])] +
-                                           [torch.nn.Sequential(features[i], features[i + 1]) for i in (2, 4, 6)])
+
+            features = (
+                torchvision.models.SwinTransformer([4, 4], 32, [1, 1, 2, 1], [1, 2, 4, 8], [7, 7])
+                if shrunk
+                else torchvision.models.swin_t()
+            ).features
+            self.net = torch.nn.ModuleList(
+                [torch.nn.Sequential(features[0], features[1])]
+                + [torch.nn.Sequential(features[i], features[i + 1]) for i in (2, 4, 6)]
+            )
 
     def forward(self, x):
         if isinstance(self.net, torch.nn.ModuleList):
@@ -185,9 +226,15 @@ class SwinStages(torch.nn.Module):
         return tuple(o.permute(0, 3, 1, 2) for o in outs)  # both return NHWC maps
 
 
-MODEL_NAMES = {"stvit-s": "STViT-S", "stvit-s-dense": "STViT-S dense", "hatnet-s": "HAT-Net-S",
-               "official-stvit-s": "official STViT-S", "official-stvit-s-dense": "official STViT-S dense",
-               "official-hatnet-s": "official HAT-Net-S", "swin-t": "Swin-T"}
+MODEL_NAMES = {
+    "stvit-s": "STViT-S",
+    "stvit-s-dense": "STViT-S dense",
+    "hatnet-s": "HAT-Net-S",
+    "official-stvit-s": "official STViT-S",
+    "official-stvit-s-dense": "official STViT-S dense",
+    "official-hatnet-s": "official HAT-Net-S",
+    "swin-t": "Swin-T",
+}
 
 
 class Models:
@@ -219,8 +266,11 @@ class Models:
 
     def shrunk_for(self, key) -> bool:
         """Shrunk in --quick, except where the official model is given: its weights need the small variant."""
-        return self.shrunk and not key.startswith("official") and (
-            key == "swin-t" or self.family(key) not in self.official)
+        return (
+            self.shrunk
+            and not key.startswith("official")
+            and (key == "swin-t" or self.family(key) not in self.official)
+        )
 
     def label(self, key):
         name = MODEL_NAMES[key] + (" (shrunk)" if self.shrunk_for(key) else "")
@@ -257,6 +307,7 @@ def plain_formulation(model):
     """The model computed the plain way (explicit N x N attention, official layout) on the same weights: the
     model under ``backbones.fast_paths(False)``."""
     import backbones
+
     with backbones.fast_paths(False):
         yield model
 
@@ -296,7 +347,7 @@ def exactness(models: Models, plan: Plan, device, budget: Budget, notes: list) -
         for size in plan.exact_sizes:
             row = dict(model=models.label(key), size=size)
             rows.append(row)
-            if (skipped := budget.skip()):
+            if skipped := budget.skip():
                 row.update(cpu=skipped, plain=skipped, official=skipped)
                 continue
             progress(budget, f"exactness: {row['model']} {size[0]}x{size[1]}")
@@ -331,14 +382,14 @@ def _exactness_row(models, key, size, device, notes, label) -> dict:
         def plain():
             with plain_formulation(ours) as plain_model:
                 return diff(outs, plain_model.to(device)(xd))
+
         row["plain"] = official if isinstance(official, Failure) else attempt(notes, label + " plain", plain)
         if isinstance(official, Failure):
             row["official"] = official
         elif official is None:
             row["official"] = Failure("n/a: no official file given")
         else:
-            row["official"] = attempt(notes, label + " official",
-                                      lambda: diff(official.to(device).eval()(xd), outs))
+            row["official"] = attempt(notes, label + " official", lambda: diff(official.to(device).eval()(xd), outs))
     return row
 
 
@@ -350,7 +401,7 @@ def training(models: Models, plan: Plan, device, budget: Budget, notes: list) ->
         for precision in PRECISIONS:
             row = dict(model=models.label(key), key=key, precision=precision)
             rows.append(row)
-            if (skipped := budget.skip()):
+            if skipped := budget.skip():
                 row.update(seconds=skipped)
                 continue
             progress(budget, f"training step: {row['model']} {precision}")
@@ -382,13 +433,17 @@ def _training_row(model, plan, precision, device, notes, label) -> dict:
         times = [benchmark.timed_call(step, device) for _ in range(plan.train_iters)]
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         finite = bool(grads) and all(bool(torch.isfinite(g).all()) for g in grads)
-        out = dict(seconds=statistics.median(times), spread=(min(times), max(times)), finite=finite,
-                   peak=torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda"
-                   else Failure("n/a on CPU"))
+        out = dict(
+            seconds=statistics.median(times),
+            spread=(min(times), max(times)),
+            finite=finite,
+            peak=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else Failure("n/a on CPU"),
+        )
         if step.scaler is not None:
             out["scale"] = step.scaler.get_scale()
         model.zero_grad(set_to_none=True)
         return out
+
     result = attempt(notes, label, measure)
     return dict(seconds=result) if isinstance(result, Failure) else result
 
@@ -403,25 +458,35 @@ def throughput(models: Models, plan: Plan, device, budget: Budget, notes: list) 
     try:
         for key, family_arch in entries:
             row = dict(model=key if family_arch else models.label(key))
-            paper = (benchmark.PAPER_THROUGHPUT.get(family_arch) if plan.tp_size == (224, 224) and family_arch
-                     and isinstance(family_arch[1], str) else None)
+            paper = (
+                benchmark.PAPER_THROUGHPUT.get(family_arch)
+                if plan.tp_size == (224, 224) and family_arch and isinstance(family_arch[1], str)
+                else None
+            )
             row["paper"] = float(paper) if paper else Failure("n/a")
             rows.append(row)
             model = None
             for precision in ("fp32", "bf16"):
-                if (skipped := budget.skip()):
+                if skipped := budget.skip():
                     row[precision] = skipped
                     continue
                 progress(budget, f"throughput: {row['model']} {precision}")
                 if model is None:
-                    model = attempt(notes, f"build {key}", build_on, models, device, key, plan.tp_size,
-                                    family_arch)
+                    model = attempt(notes, f"build {key}", build_on, models, device, key, plan.tp_size, family_arch)
                 if isinstance(model, Failure):
                     row[precision] = model
                     continue
                 x = torch.randn(plan.tp_batch, 3, *plan.tp_size, device=device)
-                row[precision] = attempt(notes, f"throughput {row['model']} {precision}", benchmark.throughput,
-                                         model, x, plan.tp_warmup, plan.tp_iters, precision)
+                row[precision] = attempt(
+                    notes,
+                    f"throughput {row['model']} {precision}",
+                    benchmark.throughput,
+                    model,
+                    x,
+                    plan.tp_warmup,
+                    plan.tp_iters,
+                    precision,
+                )
             del model
             free(device)
     finally:
@@ -442,17 +507,25 @@ def compile_section(models: Models, plan: Plan, device, budget: Budget, notes: l
         free(device)
         cmd = [sys.executable, __file__, *argv_common, "--_compile-row", key]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                      p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)})
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env={
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+                },
+            )
         except subprocess.TimeoutExpired:
             row["speedup"] = Failure(f"did not finish within {timeout:.0f} s (compile included)")
             continue
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:
             err = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            notes.append(f"torch.compile {row['model']}: exit status {done.returncode}\n\n```\n"
-                         f"{done.stderr[-3000:]}\n```")
+            notes.append(
+                f"torch.compile {row['model']}: exit status {done.returncode}\n\n```\n{done.stderr[-3000:]}\n```"
+            )
             row["speedup"] = Failure(f"failed: {err[:120]}")
             continue
         result = json.loads(lines[-1])
@@ -479,6 +552,7 @@ def compile_row(key: str, models: Models, plan: Plan, device) -> dict:
             for _ in range(plan.train_warmup):
                 step()
             return statistics.median(benchmark.timed_call(step, device) for _ in range(plan.train_iters))
+
         out["eager"] = median_time(model)
         compiled = torch.compile(model, backend=plan.compile_backend)
         out["compile_s"] = benchmark.timed_call(benchmark.make_step(compiled, x, "train", "bf16"), device)
@@ -501,8 +575,9 @@ def cell(v, fmt="{:.3f}") -> str:
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
-                     ["| " + " | ".join(r) + " |" for r in rows])
+    return "\n".join(
+        ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+    )
 
 
 def device_name(device) -> str:
@@ -518,17 +593,21 @@ def device_name(device) -> str:
 
 def render(ctx: dict, sections: dict) -> str:
     plan, device = ctx["plan"], ctx["device"]
-    out = ["# GPU report: STViT and HAT-Net backbones", "",
-           f"- date: {ctx['date']}",
-           f"- device: {device_name(device)}",
-           f"- torch {torch.__version__}, CUDA {torch.version.cuda or 'n/a'}, "
-           f"cuDNN {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else 'n/a'}; "
-           f"Swin-T from {ctx['swin_source']}",
-           f"- command: `{ctx['command']}`",
-           f"- mode: {'quick (docs/DESIGN.md shrunk archs)' if ctx['quick'] else 'full'}; "
-           f"time budget {plan.budget_s:.0f} s; "
-           f"timing: {'CUDA events' if device.type == 'cuda' else 'perf_counter'} after warm-up; "
-           f"TF32 for the timed rows: {tf32_state()} (torch's defaults; the exactness rows turn both off)", ""]
+    out = [
+        "# GPU report: STViT and HAT-Net backbones",
+        "",
+        f"- date: {ctx['date']}",
+        f"- device: {device_name(device)}",
+        f"- torch {torch.__version__}, CUDA {torch.version.cuda or 'n/a'}, "
+        f"cuDNN {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else 'n/a'}; "
+        f"Swin-T from {ctx['swin_source']}",
+        f"- command: `{ctx['command']}`",
+        f"- mode: {'quick (docs/DESIGN.md shrunk archs)' if ctx['quick'] else 'full'}; "
+        f"time budget {plan.budget_s:.0f} s; "
+        f"timing: {'CUDA events' if device.type == 'cuda' else 'perf_counter'} after warm-up; "
+        f"TF32 for the timed rows: {tf32_state()} (torch's defaults; the exactness rows turn both off)",
+        "",
+    ]
     if "exactness" in sections:
         out += section(
             "Exactness (fp32, TF32 off, batch 1, evaluation mode)",
@@ -536,11 +615,24 @@ def render(ctx: dict, sections: dict) -> str:
             f"computation in another kernel order differs by about 1e-6; over {EXACT_TOLERANCE:.0e} is marked "
             "CHECK. Sizes: the detection size, one that every grid divides, one that no grid divides. The "
             "official and plain HAT-Net run only where every stage map divides by its window grid.",
-            ["model", "input", f"{device.type} vs CPU fast paths", f"vs plain formulation on {device.type}",
-             f"vs official on {device.type}", "status"],
-            [[r["model"], f"{r['size'][0]}x{r['size'][1]}",
-              *(cell(r[k], "{:.1e}") for k in ("cpu", "plain", "official")), _status(r)]
-             for r in sections["exactness"]])
+            [
+                "model",
+                "input",
+                f"{device.type} vs CPU fast paths",
+                f"vs plain formulation on {device.type}",
+                f"vs official on {device.type}",
+                "status",
+            ],
+            [
+                [
+                    r["model"],
+                    f"{r['size'][0]}x{r['size'][1]}",
+                    *(cell(r[k], "{:.1e}") for k in ("cpu", "plain", "official")),
+                    _status(r),
+                ]
+                for r in sections["exactness"]
+            ],
+        )
     h, w = plan.train_size
     if "training" in sections:
         out += section(
@@ -551,9 +643,18 @@ def render(ctx: dict, sections: dict) -> str:
             "Peak: max_memory_allocated of the row (weights and gradients included). finite: every gradient "
             "of the last iteration is finite. vs Swin-T: Swin-T's s/iter / the row's, same precision.",
             ["model", "precision", "s/iter", "peak GiB", "vs Swin-T", "finite grads"],
-            [[r["model"], r["precision"], _seconds(r), cell(r.get("peak"), "{:.2f}"), cell(r.get("vs_swin"), "{:.2f}x"),
-              cell(r.get("finite")) + (f" (scale {r['scale']:.0f})" if "scale" in r else "")]
-             for r in sections["training"]])
+            [
+                [
+                    r["model"],
+                    r["precision"],
+                    _seconds(r),
+                    cell(r.get("peak"), "{:.2f}"),
+                    cell(r.get("vs_swin"), "{:.2f}x"),
+                    cell(r.get("finite")) + (f" (scale {r['scale']:.0f})" if "scale" in r else ""),
+                ]
+                for r in sections["training"]
+            ],
+        )
     if "throughput" in sections:
         out += section(
             f"Throughput ({plan.tp_size[0]}x{plan.tp_size[1]}, batch {plan.tp_batch}, inference)",
@@ -562,16 +663,28 @@ def render(ctx: dict, sections: dict) -> str:
             "classification head (< 0.1 GMACs of STViT-S's 4.4). The paper's figures are fp32 on its own "
             "GPU, the whole classifier.",
             ["model", "fp32 images/s", "bf16 images/s", "paper images/s (fp32)"],
-            [[r["model"], cell(r.get("fp32"), "{:.0f}"), cell(r.get("bf16"), "{:.0f}"), cell(r["paper"], "{:.0f}")]
-             for r in sections["throughput"]])
+            [
+                [r["model"], cell(r.get("fp32"), "{:.0f}"), cell(r.get("bf16"), "{:.0f}"), cell(r["paper"], "{:.0f}")]
+                for r in sections["throughput"]
+            ],
+        )
     if "compile" in sections:
         out += section(
             f"torch.compile (training step, bf16, {h}x{w}, batch {plan.train_batch})",
             f"`torch.compile(model, backend='{plan.compile_backend}')` in a child process per model (time limit "
             f"{plan.compile_timeout_s:.0f} s or what is left of the budget); compile s = the first compiled step.",
             ["model", "compile s", "eager s/iter", "compiled s/iter", "speed-up"],
-            [[r["model"], cell(r.get("compile_s"), "{:.1f}"), cell(r.get("eager")), cell(r.get("compiled")),
-              cell(r.get("speedup"), "{:.2f}x")] for r in sections["compile"]])
+            [
+                [
+                    r["model"],
+                    cell(r.get("compile_s"), "{:.1f}"),
+                    cell(r.get("eager")),
+                    cell(r.get("compiled")),
+                    cell(r.get("speedup"), "{:.2f}x"),
+                ]
+                for r in sections["compile"]
+            ],
+        )
     if ctx.get("finished"):
         out += [f"Total wall time: {ctx['budget'].elapsed():.0f} s.", ""]
     if ctx["notes"]:
@@ -612,12 +725,22 @@ def parse_args(argv=None):
     p.add_argument("--official-stvit", help="hhb072/STViT's models/stvit.py (optional)")
     p.add_argument("--official-hatnet", help="yun-liu/HAT-Net's HAT_Net.py (optional)")
     p.add_argument("--out", help="write the Markdown report here too (it is always printed)")
-    p.add_argument("--budget-s", type=float, help="skip the rows that would start after this many seconds "
-                                                  "(default 480; 110 with --quick)")
-    p.add_argument("--sections", default="exactness,training,throughput,compile",
-                   help="comma-separated subset of exactness,training,throughput,compile")
-    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's; 1 with --quick on CPU, "
-                                              "where OpenMP barriers on a busy machine cost ~30x the arithmetic)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        help="skip the rows that would start after this many seconds (default 480; 110 with --quick)",
+    )
+    p.add_argument(
+        "--sections",
+        default="exactness,training,throughput,compile",
+        help="comma-separated subset of exactness,training,throughput,compile",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for torch (default: torch's; 1 with --quick on CPU, "
+        "where OpenMP barriers on a busy machine cost ~30x the arithmetic)",
+    )
     p.add_argument("--_compile-row", dest="compile_row", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     unknown = set(args.sections.split(",")) - {"exactness", "training", "throughput", "compile"}
@@ -643,16 +766,26 @@ def main(argv=None) -> int:
     if threads:
         torch.set_num_threads(threads)
     models = Models(args.official_stvit, args.official_hatnet, plan.shrunk)
-    common = ["--device", args.device] + (["--quick"] if args.quick else []) + (
-        ["--threads", str(threads)] if threads else [])
+    common = (
+        ["--device", args.device]
+        + (["--quick"] if args.quick else [])
+        + (["--threads", str(threads)] if threads else [])
+    )
     if args.compile_row:
         print(json.dumps(compile_row(args.compile_row, models, plan, device)))
         return 0
     budget = Budget(plan.budget_s)
     command = "python tools/gpu_report.py " + shlex.join(a for a in argv)
-    ctx = dict(plan=plan, device=device, quick=args.quick, budget=budget, notes=[], command=command.strip(),
-               date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               swin_source=swin_source())
+    ctx = dict(
+        plan=plan,
+        device=device,
+        quick=args.quick,
+        budget=budget,
+        notes=[],
+        command=command.strip(),
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        swin_source=swin_source(),
+    )
     sections, runners = {}, dict(exactness=exactness, training=training, throughput=throughput)
     for name in args.sections.split(","):
         if name == "compile":

@@ -36,11 +36,14 @@ JPEG_QUALITY = 92
 SIDES = (128, 144, 160, 176, 192)  # image heights / widths are drawn independently from these
 
 # COCO: (id, name, rgb colour). Ids are deliberately not 0..N-1, as in real COCO.
-COCO_CATEGORIES = ((1, 'square', (215, 40, 40)), (3, 'disc', (40, 185, 60)), (7, 'triangle', (45, 75, 220)))
+COCO_CATEGORIES = ((1, "square", (215, 40, 40)), (3, "disc", (40, 185, 60)), (7, "triangle", (45, 75, 220)))
 # ADE20K: PNG value -> (name, rgb). Values are the real ADE20K indices (1-based) of these names.
 ADE_WALL, ADE_FLOOR = 1, 4
-ADE_SHAPES = {9: ('windowpane', 'square', (150, 215, 240)), 18: ('plant', 'triangle', (40, 150, 40)),
-              120: ('ball', 'disc', (235, 130, 20))}
+ADE_SHAPES = {
+    9: ("windowpane", "square", (150, 215, 240)),
+    18: ("plant", "triangle", (40, 150, 40)),
+    120: ("ball", "disc", (235, 130, 20)),
+}
 ADE_LABELS = (0, ADE_WALL, ADE_FLOOR, *ADE_SHAPES)
 
 
@@ -48,7 +51,7 @@ ADE_LABELS = (0, ADE_WALL, ADE_FLOOR, *ADE_SHAPES)
 def _atomic_dir(final: Path):
     """Yield a temp dir next to ``final``; on success it replaces ``final`` (removed on failure)."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{final.name}.tmp-', dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
     except BaseException:
@@ -57,7 +60,7 @@ def _atomic_dir(final: Path):
     tmp.chmod(0o755)  # mkdtemp makes it 0700
     old = None
     if final.exists():
-        old = Path(tempfile.mkdtemp(prefix=f'.{final.name}.old-', dir=final.parent))
+        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
         os.replace(final, old)  # renaming onto an empty dir is allowed
     os.replace(tmp, final)
     if old is not None:
@@ -71,9 +74,9 @@ def _rng(seed: int, dataset: int, split: int) -> np.random.Generator:
 def _shape_polygon(kind: str, cx: float, cy: float, radius: float, rng) -> list[float]:
     """Flat [x0, y0, x1, y1, ...] polygon of a shape inscribed in the circle (cx, cy, radius)."""
     rot = rng.uniform(-np.pi, np.pi)
-    if kind == 'square':
+    if kind == "square":
         ang = rng.uniform(-0.35, 0.35) + np.pi / 4 + np.arange(4) * np.pi / 2  # mildly rotated square
-    elif kind == 'triangle':
+    elif kind == "triangle":
         ang = rot + np.arange(3) * 2 * np.pi / 3
     else:  # disc
         ang = np.arange(32) * 2 * np.pi / 32
@@ -102,8 +105,9 @@ def _background(rng, h: int, w: int, base, amp: float = 22.0, noise: float = 8.0
     """Mildly textured float image: base colour + smooth low-frequency blotches + pixel noise."""
     # Blotches mostly in brightness, only weakly coloured, so no class colour appears in the background.
     coarse = (rng.normal(0, 1, (6, 6, 1)) + 0.35 * rng.normal(0, 1, (6, 6, 3))).astype(np.float32)
-    smooth = np.stack([np.asarray(Image.fromarray(coarse[..., c]).resize((w, h), Image.BILINEAR))
-                       for c in range(3)], -1)
+    smooth = np.stack(
+        [np.asarray(Image.fromarray(coarse[..., c]).resize((w, h), Image.BILINEAR)) for c in range(3)], -1
+    )
     return np.asarray(base, np.float32) + amp * smooth + rng.normal(0, noise, (h, w, 3))
 
 
@@ -114,26 +118,27 @@ def _paint(img: np.ndarray, mask: np.ndarray, colour, rng, jitter: float = 15.0,
 
 
 def _save_jpeg(img: np.ndarray, path: Path):
-    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(path, 'JPEG', quality=JPEG_QUALITY)
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(path, "JPEG", quality=JPEG_QUALITY)
 
 
 def _rle_counts(mask: np.ndarray) -> list[int]:
     """Uncompressed COCO RLE counts (column-major runs, starting with a run of zeros)."""
-    flat = mask.ravel(order='F')
+    flat = mask.ravel(order="F")
     bounds = np.concatenate([[0], np.flatnonzero(np.diff(flat)) + 1, [flat.size]])
     counts = np.diff(bounds).tolist()
     return [0] + counts if flat[0] else counts
 
 
 def _coco_split(root: Path, split: str, num: int, rng, first_ann_id: int) -> int:
-    img_dir = root / f'{split}2017'
+    img_dir = root / f"{split}2017"
     img_dir.mkdir(parents=True)
     # Non-contiguous image ids like real COCO; file names are the zero-padded ids.
     img_ids = np.sort(rng.choice(np.arange(1, 600000), num, replace=False)).tolist()
     n_empty = max(1, num // 12) if num >= 4 else 0
     empty = set(rng.choice(num, n_empty, replace=False).tolist())
-    with_crowd = set(rng.choice(sorted(set(range(num)) - empty), max(1, num // 6) if num >= 3 else 0,
-                                replace=False).tolist())
+    with_crowd = set(
+        rng.choice(sorted(set(range(num)) - empty), max(1, num // 6) if num >= 3 else 0, replace=False).tolist()
+    )
     images, anns, ann_id = [], [], first_ann_id
     for i, img_id in enumerate(img_ids):
         h, w = int(rng.choice(SIDES)), int(rng.choice(SIDES))
@@ -146,45 +151,60 @@ def _coco_split(root: Path, split: str, num: int, rng, first_ann_id: int) -> int
             cat_id, kind, colour = COCO_CATEGORIES[int(rng.integers(len(COCO_CATEGORIES)))]  # name = shape
             if crowd and k == 0:
                 # A crowd: a clump of small same-class shapes, annotated as one RLE region.
-                polys = [_shape_polygon(kind, cx + dx, cy + dy, rng.uniform(3.5, 6.5), rng)
-                         for dx, dy in rng.uniform(-0.7 * r, 0.7 * r, (int(rng.integers(5, 10)), 2))]
+                polys = [
+                    _shape_polygon(kind, cx + dx, cy + dy, rng.uniform(3.5, 6.5), rng)
+                    for dx, dy in rng.uniform(-0.7 * r, 0.7 * r, (int(rng.integers(5, 10)), 2))
+                ]
                 m = _poly_mask(polys, h, w)
-                seg, iscrowd = {'counts': _rle_counts(m), 'size': [h, w]}, 1
+                seg, iscrowd = {"counts": _rle_counts(m), "size": [h, w]}, 1
                 rle = mask_utils.frPyObjects(seg, h, w)
             else:
                 seg, iscrowd = [_shape_polygon(kind, cx, cy, r, rng)], 0
                 rle = mask_utils.merge(mask_utils.frPyObjects(seg, h, w))
                 m = mask_utils.decode(rle)
             _paint(img, m, colour, rng)
-            anns.append({'id': ann_id, 'image_id': img_id, 'category_id': cat_id, 'segmentation': seg,
-                         'area': float(mask_utils.area(rle)), 'bbox': [round(float(v), 2) for v in
-                                                                        mask_utils.toBbox(rle)],
-                         'iscrowd': iscrowd})
+            anns.append(
+                {
+                    "id": ann_id,
+                    "image_id": img_id,
+                    "category_id": cat_id,
+                    "segmentation": seg,
+                    "area": float(mask_utils.area(rle)),
+                    "bbox": [round(float(v), 2) for v in mask_utils.toBbox(rle)],
+                    "iscrowd": iscrowd,
+                }
+            )
             ann_id += 1
-        name = f'{img_id:012d}.jpg'
+        name = f"{img_id:012d}.jpg"
         _save_jpeg(img, img_dir / name)
-        images.append({'id': img_id, 'file_name': name, 'height': h, 'width': w, 'license': 1})
-    coco = {'info': {'description': 'tiny synthetic COCO-format dataset (tools/make_tiny_data.py)',
-                     'version': '1.0', 'year': 2017},
-            'licenses': [{'id': 1, 'name': 'CC0 1.0', 'url': ''}],
-            'images': images, 'annotations': anns,
-            'categories': [{'id': i, 'name': n, 'supercategory': 'shape'} for i, n, _ in COCO_CATEGORIES]}
-    (root / 'annotations' / f'instances_{split}2017.json').write_text(json.dumps(coco, separators=(',', ':')))
+        images.append({"id": img_id, "file_name": name, "height": h, "width": w, "license": 1})
+    coco = {
+        "info": {
+            "description": "tiny synthetic COCO-format dataset (tools/make_tiny_data.py)",
+            "version": "1.0",
+            "year": 2017,
+        },
+        "licenses": [{"id": 1, "name": "CC0 1.0", "url": ""}],
+        "images": images,
+        "annotations": anns,
+        "categories": [{"id": i, "name": n, "supercategory": "shape"} for i, n, _ in COCO_CATEGORIES],
+    }
+    (root / "annotations" / f"instances_{split}2017.json").write_text(json.dumps(coco, separators=(",", ":")))
     return ann_id
 
 
 def make_coco(out_dir, num_train: int = 48, num_val: int = 16, seed: int = 0) -> Path:
     """Write ``out_dir/tiny_coco`` (replacing it) and return its path."""
-    final = Path(out_dir) / 'tiny_coco'
+    final = Path(out_dir) / "tiny_coco"
     with _atomic_dir(final) as root:
-        (root / 'annotations').mkdir()
-        next_id = _coco_split(root, 'train', num_train, _rng(seed, 0, 0), 1)
-        _coco_split(root, 'val', num_val, _rng(seed, 0, 1), next_id + 1000)
+        (root / "annotations").mkdir()
+        next_id = _coco_split(root, "train", num_train, _rng(seed, 0, 0), 1)
+        _coco_split(root, "val", num_val, _rng(seed, 0, 1), next_id + 1000)
     return final
 
 
 def _ade_split(root: Path, split: str, prefix: str, num: int, rng):
-    img_dir, ann_dir = root / 'images' / split, root / 'annotations' / split
+    img_dir, ann_dir = root / "images" / split, root / "annotations" / split
     img_dir.mkdir(parents=True)
     ann_dir.mkdir(parents=True)
     for i in range(1, num + 1):
@@ -214,35 +234,35 @@ def _ade_split(root: Path, split: str, prefix: str, num: int, rng):
             grown[:, :-1] |= m[:, 1:]
             seg[grown & ~m] = 0
             seg[m] = label
-        stem = f'ADE_{prefix}_{i:08d}'
-        _save_jpeg(img, img_dir / f'{stem}.jpg')
-        Image.fromarray(seg).save(ann_dir / f'{stem}.png')  # 2-D uint8 -> mode 'L', lossless
+        stem = f"ADE_{prefix}_{i:08d}"
+        _save_jpeg(img, img_dir / f"{stem}.jpg")
+        Image.fromarray(seg).save(ann_dir / f"{stem}.png")  # 2-D uint8 -> mode 'L', lossless
 
 
 def make_ade20k(out_dir, num_train: int = 48, num_val: int = 16, seed: int = 0) -> Path:
     """Write ``out_dir/tiny_ade20k`` (replacing it) and return its path."""
-    final = Path(out_dir) / 'tiny_ade20k'
+    final = Path(out_dir) / "tiny_ade20k"
     with _atomic_dir(final) as root:
-        _ade_split(root, 'training', 'train', num_train, _rng(seed, 1, 0))
-        _ade_split(root, 'validation', 'val', num_val, _rng(seed, 1, 1))
+        _ade_split(root, "training", "train", num_train, _rng(seed, 1, 0))
+        _ade_split(root, "validation", "val", num_val, _rng(seed, 1, 1))
     return final
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    p.add_argument('--out', default='data', help='output directory (default: data/)')
-    p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--coco-train', type=int, default=48)
-    p.add_argument('--coco-val', type=int, default=16)
-    p.add_argument('--ade-train', type=int, default=48)
-    p.add_argument('--ade-val', type=int, default=16)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="data", help="output directory (default: data/)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--coco-train", type=int, default=48)
+    p.add_argument("--coco-val", type=int, default=16)
+    p.add_argument("--ade-train", type=int, default=48)
+    p.add_argument("--ade-val", type=int, default=16)
     a = p.parse_args(argv)
     coco = make_coco(a.out, a.coco_train, a.coco_val, a.seed)
-    print(f'COCO-format dataset ({a.coco_train} train / {a.coco_val} val images) written to {coco}')
+    print(f"COCO-format dataset ({a.coco_train} train / {a.coco_val} val images) written to {coco}")
     ade = make_ade20k(a.out, a.ade_train, a.ade_val, a.seed)
-    print(f'ADE20K-format dataset ({a.ade_train} train / {a.ade_val} val images) written to {ade}')
+    print(f"ADE20K-format dataset ({a.ade_train} train / {a.ade_val} val images) written to {ade}")
     return coco, ade
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

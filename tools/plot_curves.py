@@ -10,6 +10,7 @@ the classification accuracy). Each run keeps its line style and is labelled by i
 its colour. --keys selects columns by name or shell pattern. mmdet's -1 ("no object of that size in the
 ground truth", e.g. bbox_mAP_l) is not a value and is left out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ LINESTYLES = ("-", "--", ":", "-.")
 
 def group_of(key: str) -> str:
     if key.startswith("train/"):
-        name = key[len("train/"):]
+        name = key[len("train/") :]
         if "loss" in name:
             return "losses"
         return "learning rate" if name == "lr" or name.startswith("lr") else "other training values"
@@ -41,11 +42,14 @@ def group_of(key: str) -> str:
 def read_run(work_dir) -> dict[str, list[tuple[int, float]]]:
     """{key: [(step, value), ...]} of every logged value of the run in ``work_dir``, in step order."""
     work_dir = Path(work_dir)
-    files = sorted(work_dir.glob("logs/version_*/metrics.csv"), key=lambda p: int(re.sub(r"\D", "", p.parent.name)
-                                                                                    or 0))
+    files = sorted(
+        work_dir.glob("logs/version_*/metrics.csv"), key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0)
+    )
     if not files:
-        raise SystemExit(f"{work_dir}: no CSV log found; expected {work_dir}/logs/version_*/metrics.csv "
-                         "(tools/train.py writes it with Lightning's CSVLogger; pass the --work-dir of a run)")
+        raise SystemExit(
+            f"{work_dir}: no CSV log found; expected {work_dir}/logs/version_*/metrics.csv "
+            "(tools/train.py writes it with Lightning's CSVLogger; pass the --work-dir of a run)"
+        )
     series: dict[str, list[tuple[int, float]]] = {}
     for path in files:
         with open(path, newline="") as f:
@@ -78,6 +82,7 @@ def plot_curves(work_dirs, out, keys=None):
     """Draw the runs' curves into ``out`` (PNG) and return the figure: one axes per non-empty group, one line
     per (run, key), labelled ``'RUN: KEY'`` where RUN is the work dir as given."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -91,8 +96,15 @@ def plot_curves(work_dirs, out, keys=None):
         for r, (run, series) in enumerate(runs.items()):
             for key in (k for k in chosen if group_of(k) == group and k in series):
                 steps, values = zip(*series[key])
-                ax.plot(steps, values, LINESTYLES[r % len(LINESTYLES)], color=colours[key],
-                        marker="o" if len(steps) < 20 else None, markersize=3, label=f"{run}: {key}")
+                ax.plot(
+                    steps,
+                    values,
+                    LINESTYLES[r % len(LINESTYLES)],
+                    color=colours[key],
+                    marker="o" if len(steps) < 20 else None,
+                    markersize=3,
+                    label=f"{run}: {key}",
+                )
         ax.set_title(group)
         ax.set_xlabel("step")
         ax.tick_params(labelbottom=True)  # shared x axis, but every panel keeps its step numbers

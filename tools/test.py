@@ -41,39 +41,47 @@ from tasks.visualize import PredictionWriter  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('config', help='mmengine config file')
-    parser.add_argument('checkpoint', help='Lightning .ckpt or plain mm checkpoint')
-    parser.add_argument('--work-dir', help='output directory (default: work_dirs/<config stem>)')
-    parser.add_argument('--out', help='metrics JSON file (default: WORK_DIR/test_metrics.json)')
-    parser.add_argument('--show-dir', help='write prediction overlays (PNG) here')
-    parser.add_argument('--score-thr', type=float, default=0.3,
-                        help='detection score threshold for --show-dir')
-    parser.add_argument('--tta', action='store_true',
-                        help="test-time augmentation with the config's tta_model and tta_pipeline")
-    parser.add_argument('--out-dir', help='write submission files here (COCO results json / label PNGs)')
-    parser.add_argument('--format-only', action='store_true',
-                        help='only write the --out-dir submission files: no ground truth, no metrics')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={}, metavar='KEY=VALUE',
-                        help='override config keys (values parsed as literals)')
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="mmengine config file")
+    parser.add_argument("checkpoint", help="Lightning .ckpt or plain mm checkpoint")
+    parser.add_argument("--work-dir", help="output directory (default: work_dirs/<config stem>)")
+    parser.add_argument("--out", help="metrics JSON file (default: WORK_DIR/test_metrics.json)")
+    parser.add_argument("--show-dir", help="write prediction overlays (PNG) here")
+    parser.add_argument("--score-thr", type=float, default=0.3, help="detection score threshold for --show-dir")
+    parser.add_argument(
+        "--tta", action="store_true", help="test-time augmentation with the config's tta_model and tta_pipeline"
+    )
+    parser.add_argument("--out-dir", help="write submission files here (COCO results json / label PNGs)")
+    parser.add_argument(
+        "--format-only",
+        action="store_true",
+        help="only write the --out-dir submission files: no ground truth, no metrics",
+    )
+    parser.add_argument(
+        "--cfg-options",
+        nargs="+",
+        action=DictAction,
+        default={},
+        metavar="KEY=VALUE",
+        help="override config keys (values parsed as literals)",
+    )
     return parser.parse_args(argv)
 
 
 def load_plain_checkpoint(module, path: str) -> None:
     """Load a non-Lightning checkpoint into the mm model (mmengine / mmdet / mmseg release format)."""
     ckpt = load_checkpoint_safely(path)
-    state = ckpt.get('state_dict', ckpt)
-    state = {k.removeprefix('module.'): v for k, v in state.items()}
+    state = ckpt.get("state_dict", ckpt)
+    state = {k.removeprefix("module."): v for k, v in state.items()}
     module.model.load_state_dict(state, strict=True)
 
 
 def format_table(metrics: dict) -> str:
-    flat = {k: v for k, v in metrics.items() if k != 'per_class'}
+    flat = {k: v for k, v in metrics.items() if k != "per_class"}
     width = max([len(k) for k in flat] + [6])
-    lines = [f'{"metric":<{width}}  value', f'{"-" * width}  ------']
-    lines += [f'{k:<{width}}  {v:.4f}' for k, v in flat.items()]
-    return '\n'.join(lines)
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  ------"]
+    lines += [f"{k:<{width}}  {v:.4f}" for k, v in flat.items()]
+    return "\n".join(lines)
 
 
 def format_per_class_table(per_class: dict) -> str:
@@ -81,43 +89,50 @@ def format_per_class_table(per_class: dict) -> str:
     ``IoU`` and ``Acc`` as mmseg's table), one row per class; ``-`` for a class absent from the ground truth."""
     groups: dict[str, list[str]] = {}
     for name in per_class:  # 'bbox_AP_50' -> family 'bbox', column 'AP_50'; 'IoU' -> family '', column 'IoU'
-        family = name.split('_', 1)[0] if name.split('_', 1)[0] in ('bbox', 'segm') else ''
+        family = name.split("_", 1)[0] if name.split("_", 1)[0] in ("bbox", "segm") else ""
         groups.setdefault(family, []).append(name)
     tables = []
     for family, names in groups.items():
-        cols = [n.removeprefix(f'{family}_') for n in names]
+        cols = [n.removeprefix(f"{family}_") for n in names]
         classes = list(dict.fromkeys(c for n in names for c in per_class[n]))
         width = max([len(str(c)) for c in classes] + [len(family), 5])
         widths = [max(len(c), 6) for c in cols]
-        lines = [f'{family or "class":<{width}}  ' + '  '.join(f'{c:>{w}}' for c, w in zip(cols, widths)),
-                 f'{"-" * width}  ' + '  '.join('-' * w for w in widths)]
+        lines = [
+            f"{family or 'class':<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cols, widths)),
+            f"{'-' * width}  " + "  ".join("-" * w for w in widths),
+        ]
         for c in classes:
-            cells = ['-'.rjust(w) if per_class[n].get(c) is None else f'{per_class[n][c]:{w}.4f}'
-                     for n, w in zip(names, widths)]
-            lines.append(f'{c:<{width}}  ' + '  '.join(cells))
-        tables.append('\n'.join(lines))
-    return '\n\n'.join(tables)
+            cells = [
+                "-".rjust(w) if per_class[n].get(c) is None else f"{per_class[n][c]:{w}.4f}"
+                for n, w in zip(names, widths)
+            ]
+            lines.append(f"{c:<{width}}  " + "  ".join(cells))
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 def use_tta_pipeline(cfg, config_path: str) -> None:
     """Test on the config's ``tta_pipeline`` (as mmengine's Runner does for ``--tta``)."""
-    missing = [key for key in ('tta_model', 'tta_pipeline') if cfg.get(key) is None]
+    missing = [key for key in ("tta_model", "tta_pipeline") if cfg.get(key) is None]
     if missing:
-        raise ValueError(f'--tta: {config_path} defines no {" / ".join(missing)}. Inherit them from an mmseg '
-                         'ADE20K base or define them as mmdet does (README, "Evaluation protocols")')
+        raise ValueError(
+            f"--tta: {config_path} defines no {' / '.join(missing)}. Inherit them from an mmseg "
+            'ADE20K base or define them as mmdet does (README, "Evaluation protocols")'
+        )
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
 
 
 def without_annotation_loading(pipeline: list) -> list:
     """The pipeline without its ``LoadAnnotations`` steps, also inside ``TestTimeAug``: ``--format-only`` needs no
     ground truth, and test-server images have none."""
+
     def keep(step) -> bool:
-        return not str(step.get('type', '')).endswith('LoadAnnotations')
+        return not str(step.get("type", "")).endswith("LoadAnnotations")
 
     out = []
     for step in filter(keep, pipeline):
-        if step.get('type') == 'TestTimeAug':  # a list of alternatives per stage; a stage left empty goes
-            stages = [[t for t in stage if keep(t)] for stage in step['transforms']]
+        if step.get("type") == "TestTimeAug":  # a list of alternatives per stage; a stage left empty goes
+            stages = [[t for t in stage if keep(t)] for stage in step["transforms"]]
             step = dict(step, transforms=[stage for stage in stages if stage])
         out.append(step)
     return out
@@ -126,20 +141,19 @@ def without_annotation_loading(pipeline: list) -> list:
 def main(argv=None, callbacks=()) -> dict:
     args = parse_args(argv)
     if args.format_only and not args.out_dir:
-        raise SystemExit('--format-only writes submission files only: give the directory with --out-dir DIR')
+        raise SystemExit("--format-only writes submission files only: give the directory with --out-dir DIR")
     cfg = load_config(args.config, args.cfg_options)
     if args.tta:
         use_tta_pipeline(cfg, args.config)
     if args.format_only:  # no ground truth: none loaded, none needed on disk
         dataset = cfg.test_dataloader.dataset
         dataset.pipeline = without_annotation_loading(dataset.pipeline)
-        (dataset.get('data_prefix') or {}).pop('seg_map_path', None)
+        (dataset.get("data_prefix") or {}).pop("seg_map_path", None)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
     if not osp.exists(args.checkpoint):
-        raise FileNotFoundError(f'checkpoint {args.checkpoint} does not exist')
+        raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
     # weights_only + allow-list: a checkpoint holding other Python objects is refused, never unpickled
-    is_lightning = osp.isdir(args.checkpoint) or 'pytorch-lightning_version' in load_checkpoint_safely(
-        args.checkpoint)
+    is_lightning = osp.isdir(args.checkpoint) or "pytorch-lightning_version" in load_checkpoint_safely(args.checkpoint)
 
     module, datamodule = build_task(cfg, init_weights=False)  # the checkpoint provides every weight
     if not is_lightning:
@@ -153,22 +167,21 @@ def main(argv=None, callbacks=()) -> dict:
     if args.out_dir:
         callbacks.append(SubmissionWriter(args.out_dir, cfg.default_scope))
     trainer = build_trainer(cfg, work_dir, callbacks=callbacks, for_test=True)
-    trainer.test(module, datamodule=datamodule, ckpt_path=args.checkpoint if is_lightning else None,
-                 verbose=False)
+    trainer.test(module, datamodule=datamodule, ckpt_path=args.checkpoint if is_lightning else None, verbose=False)
     metrics = module.test_metrics
     if args.format_only:
         if trainer.is_global_zero:
-            print(f'submission files written to {args.out_dir} (--format-only: no metrics)')
+            print(f"submission files written to {args.out_dir} (--format-only: no metrics)")
         return metrics
     if trainer.is_global_zero:
-        if metrics.get('per_class'):
-            print(format_per_class_table(metrics['per_class']))
+        if metrics.get("per_class"):
+            print(format_per_class_table(metrics["per_class"]))
         print(format_table(metrics))
-        out = args.out or osp.join(work_dir, 'test_metrics.json')
+        out = args.out or osp.join(work_dir, "test_metrics.json")
         write_json(out, metrics)
-        print(f'metrics written to {out}')
+        print(f"metrics written to {out}")
     return metrics
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

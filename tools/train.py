@@ -38,18 +38,31 @@ from tasks.trainer import build_trainer  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('config', help='mmengine config file')
-    parser.add_argument('--work-dir', help='output directory (default: work_dirs/<config stem>)')
-    parser.add_argument('--resume', nargs='?', const='last', metavar='CKPT',
-                        help='resume training from CKPT (default: WORK_DIR/last.ckpt)')
-    parser.add_argument('--auto-scale-lr', action='store_true',
-                        help="scale the optimizer's lr by (devices x nodes x train_dataloader.batch_size) / "
-                             'auto_scale_lr.base_batch_size (the linear scaling rule, as in mmdet)')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={}, metavar='KEY=VALUE',
-                        help='override config keys, e.g. trainer.max_epochs=2 '
-                             'train_dataloader.dataset.data_root=data/tiny_coco/ (values parsed as literals)')
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="mmengine config file")
+    parser.add_argument("--work-dir", help="output directory (default: work_dirs/<config stem>)")
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const="last",
+        metavar="CKPT",
+        help="resume training from CKPT (default: WORK_DIR/last.ckpt)",
+    )
+    parser.add_argument(
+        "--auto-scale-lr",
+        action="store_true",
+        help="scale the optimizer's lr by (devices x nodes x train_dataloader.batch_size) / "
+        "auto_scale_lr.base_batch_size (the linear scaling rule, as in mmdet)",
+    )
+    parser.add_argument(
+        "--cfg-options",
+        nargs="+",
+        action=DictAction,
+        default={},
+        metavar="KEY=VALUE",
+        help="override config keys, e.g. trainer.max_epochs=2 "
+        "train_dataloader.dataset.data_root=data/tiny_coco/ (values parsed as literals)",
+    )
     return parser.parse_args(argv)
 
 
@@ -57,12 +70,11 @@ def setup_mm_logger(work_dir: str) -> None:
     """mm's INFO reports (per-parameter init and paramwise options) go to WORK_DIR/mm.log, only
     warnings to the console, which belongs to Lightning's progress bar. Ranks > 0 (known from the
     launcher's env before Lightning starts) write no file."""
-    if rank_zero_only.rank == 0 and int(os.environ.get('NODE_RANK', 0)) == 0:
+    if rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
         os.makedirs(work_dir, exist_ok=True)
-        logger = MMLogger.get_instance(osp.abspath(work_dir), log_file=osp.join(work_dir, 'mm.log'),
-                                       log_level='INFO')
+        logger = MMLogger.get_instance(osp.abspath(work_dir), log_file=osp.join(work_dir, "mm.log"), log_level="INFO")
     else:
-        logger = MMLogger.get_instance(osp.abspath(work_dir), log_level='WARNING')
+        logger = MMLogger.get_instance(osp.abspath(work_dir), log_level="WARNING")
     for handler in logger.handlers:
         if type(handler) is logging.StreamHandler:
             handler.setLevel(logging.WARNING)
@@ -77,12 +89,12 @@ def main(argv=None, callbacks=()) -> dict:
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
     ckpt = None
     if args.resume:
-        ckpt = osp.join(work_dir, 'last.ckpt') if args.resume == 'last' else args.resume
+        ckpt = osp.join(work_dir, "last.ckpt") if args.resume == "last" else args.resume
         if not osp.isfile(ckpt):
-            raise FileNotFoundError(f'--resume: checkpoint {ckpt} does not exist')
+            raise FileNotFoundError(f"--resume: checkpoint {ckpt} does not exist")
 
     setup_mm_logger(work_dir)
-    L.seed_everything((cfg.get('randomness') or {}).get('seed') or 0, workers=True)
+    L.seed_everything((cfg.get("randomness") or {}).get("seed") or 0, workers=True)
     module, datamodule = build_task(cfg)
     trainer = build_trainer(cfg, work_dir, callbacks=callbacks)
     if trainer.is_global_zero:
@@ -91,15 +103,15 @@ def main(argv=None, callbacks=()) -> dict:
     if not module.val_metrics:  # e.g. resumed a finished run, or validation never ran: measure now
         trainer.validate(module, datamodule=datamodule)
     if trainer.is_global_zero:
-        write_json(osp.join(work_dir, 'metrics.json'), module.val_metrics)
+        write_json(osp.join(work_dir, "metrics.json"), module.val_metrics)
     return module.val_metrics
 
 
 def _rank() -> int:
     if rank_zero_only.rank:  # set by Lightning to the global rank once the trainer exists
         return rank_zero_only.rank
-    for var in ('RANK', 'LOCAL_RANK'):
-        if os.environ.get(var, '').isdigit():
+    for var in ("RANK", "LOCAL_RANK"):
+        if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     return 0
 
@@ -110,9 +122,9 @@ def cli(argv=None, callbacks=()) -> None:
         main(argv, callbacks)
     except Exception as e:  # noqa: BLE001 - report which process failed, then exit non-zero
         traceback.print_exc()
-        print(f'rank {_rank()} failed: {type(e).__name__}: {e}', file=sys.stderr, flush=True)
+        print(f"rank {_rank()} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     cli()

@@ -23,6 +23,7 @@ scale factor and padding), one labelled PNG per image in DIR:
   default the image centre), one column per stage: top: its attention inside its grid_size window; bottom:
   its global attention over the pooled map (over all positions in a stage without windows).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,45 +41,70 @@ from backbones.attention_maps import last_blocks, record_attention  # noqa: E402
 from tasks.attention_figures import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride  # noqa: E402
 from tasks.config import build_from_registry, load_config, register_scope  # noqa: E402
 
-BACKBONE_TYPES = ('STViT', 'HATNet')
+BACKBONE_TYPES = ("STViT", "HATNet")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('config', help='training config (mmengine); model.backbone must be STViT or HATNet')
-    parser.add_argument('checkpoint', help='Lightning .ckpt, mm-format checkpoint, backbone export or official '
-                                           'ImageNet release')
-    parser.add_argument('images', nargs='+', metavar='IMAGE', help='image files')
-    parser.add_argument('--out-dir', required=True, help='directory for the PNGs (created if missing)')
-    parser.add_argument('--stages', nargs='+', type=int, metavar='I',
-                        help='stages to draw, 0-3 (default: STViT every stage with super tokens, HAT-Net all)')
-    parser.add_argument('--point', nargs=2, type=float, metavar=('X', 'Y'),
-                        help='query point in original-image pixels (default: the image centre)')
-    parser.add_argument('--stoken', nargs='+', type=int, metavar='INDEX',
-                        help='STViT: super token whose soft association is drawn, as a flat row-major index in '
-                             "the stage's super-token grid; one per drawn stage, or one for all "
-                             '(default: the super token under --point)')
-    parser.add_argument('--device', default='cpu', help="torch device, e.g. 'cpu' or 'cuda' (default: cpu)")
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={}, metavar='KEY=VALUE',
-                        help='override config keys (values parsed as literals)')
+    parser.add_argument("config", help="training config (mmengine); model.backbone must be STViT or HATNet")
+    parser.add_argument(
+        "checkpoint", help="Lightning .ckpt, mm-format checkpoint, backbone export or official ImageNet release"
+    )
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    parser.add_argument("--out-dir", required=True, help="directory for the PNGs (created if missing)")
+    parser.add_argument(
+        "--stages",
+        nargs="+",
+        type=int,
+        metavar="I",
+        help="stages to draw, 0-3 (default: STViT every stage with super tokens, HAT-Net all)",
+    )
+    parser.add_argument(
+        "--point",
+        nargs=2,
+        type=float,
+        metavar=("X", "Y"),
+        help="query point in original-image pixels (default: the image centre)",
+    )
+    parser.add_argument(
+        "--stoken",
+        nargs="+",
+        type=int,
+        metavar="INDEX",
+        help="STViT: super token whose soft association is drawn, as a flat row-major index in "
+        "the stage's super-token grid; one per drawn stage, or one for all "
+        "(default: the super token under --point)",
+    )
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. 'cpu' or 'cuda' (default: cpu)")
+    parser.add_argument(
+        "--cfg-options",
+        nargs="+",
+        action=DictAction,
+        default={},
+        metavar="KEY=VALUE",
+        help="override config keys (values parsed as literals)",
+    )
     return parser.parse_args(argv)
 
 
 # --- model and input -----------------------------------------------------------------------------------------
 def build_backbone(cfg, checkpoint: str, device: str):
     """The config's backbone with the checkpoint's backbone weights, in eval mode."""
-    bcfg = (cfg.get('model') or {}).get('backbone')
-    type_name = str((bcfg or {}).get('type', '')).rpartition('.')[2]
+    bcfg = (cfg.get("model") or {}).get("backbone")
+    type_name = str((bcfg or {}).get("type", "")).rpartition(".")[2]
     if type_name not in BACKBONE_TYPES:
-        raise SystemExit(f'error: {cfg.filename}: model.backbone.type is {type_name or None!r}; attention maps are '
-                         f'drawn for {" and ".join(BACKBONE_TYPES)} backbones only.')
+        raise SystemExit(
+            f"error: {cfg.filename}: model.backbone.type is {type_name or None!r}; attention maps are "
+            f"drawn for {' and '.join(BACKBONE_TYPES)} backbones only."
+        )
     from mmengine.registry import MODELS
+
     bcfg = dict(bcfg, init_cfg=None)  # every weight comes from CHECKPOINT, nothing from the config's init_cfg
-    backbone = build_from_registry(MODELS, bcfg, 'model.backbone')
+    backbone = build_from_registry(MODELS, bcfg, "model.backbone")
     try:
         report = load_pretrained(backbone, checkpoint)
     except CheckpointError as e:
-        raise SystemExit(f'error: {e}') from e
+        raise SystemExit(f"error: {e}") from e
     print(report)
     return backbone.to(device).eval()
 
@@ -86,32 +112,37 @@ def build_backbone(cfg, checkpoint: str, device: str):
 def test_pipeline(cfg):
     """The config's test pipeline without its annotation loading (there are none for an arbitrary image)."""
     from mmengine.dataset import Compose
-    section = cfg.get('test_dataloader') or {}
-    steps = (section.get('dataset') or {}).get('pipeline')
+
+    section = cfg.get("test_dataloader") or {}
+    steps = (section.get("dataset") or {}).get("pipeline")
     if not steps:
-        raise SystemExit(f'error: {cfg.filename}: test_dataloader.dataset.pipeline is missing: the image would not '
-                         'be prepared as the model sees it. Add the test pipeline to the config.')
-    return Compose([dict(s) for s in steps if not str(s.get('type', '')).endswith('LoadAnnotations')])
+        raise SystemExit(
+            f"error: {cfg.filename}: test_dataloader.dataset.pipeline is missing: the image would not "
+            "be prepared as the model sees it. Add the test pipeline to the config."
+        )
+    return Compose([dict(s) for s in steps if not str(s.get("type", "")).endswith("LoadAnnotations")])
 
 
 def prepare(path: str, pipeline, preprocessor, device: str) -> PreparedImage:
     """Run one image through the test pipeline and the model's data preprocessor (as in testing)."""
     import mmcv
     from mmengine.dataset import pseudo_collate
+
     if not osp.isfile(path):
-        raise SystemExit(f'error: image {path!r} does not exist')
+        raise SystemExit(f"error: image {path!r} does not exist")
     try:
-        original = mmcv.imread(path, channel_order='rgb')
+        original = mmcv.imread(path, channel_order="rgb")
     except Exception as e:  # cv2 / PIL raise a variety of errors for unreadable files
-        raise SystemExit(f'error: cannot read image {path!r}: {e}') from e
+        raise SystemExit(f"error: cannot read image {path!r}: {e}") from e
     if original is None:
-        raise SystemExit(f'error: cannot read image {path!r}: not an image file that OpenCV can decode')
+        raise SystemExit(f"error: cannot read image {path!r}: not an image file that OpenCV can decode")
     packed = pipeline(dict(img_path=path))
     data = preprocessor(pseudo_collate([packed]), training=False)
-    meta = data['data_samples'][0].metainfo
-    scale = meta.get('scale_factor', (1.0, 1.0))
-    return PreparedImage(path, original, data['inputs'].to(device), tuple(meta['img_shape'][:2]),
-                         (float(scale[0]), float(scale[1])))
+    meta = data["data_samples"][0].metainfo
+    scale = meta.get("scale_factor", (1.0, 1.0))
+    return PreparedImage(
+        path, original, data["inputs"].to(device), tuple(meta["img_shape"][:2]), (float(scale[0]), float(scale[1]))
+    )
 
 
 def query_point(args, image: PreparedImage) -> tuple[float, float]:
@@ -119,31 +150,42 @@ def query_point(args, image: PreparedImage) -> tuple[float, float]:
     H, W = image.original.shape[:2]
     x, y = args.point if args.point is not None else ((W - 1) / 2, (H - 1) / 2)
     if not (0 <= x < W and 0 <= y < H):
-        raise SystemExit(f'error: --point {x:g} {y:g} lies outside {image.path!r} ({W}x{H} pixels): give X in '
-                         f'[0, {W}) and Y in [0, {H})')
+        raise SystemExit(
+            f"error: --point {x:g} {y:g} lies outside {image.path!r} ({W}x{H} pixels): give X in "
+            f"[0, {W}) and Y in [0, {H})"
+        )
     return x, y
 
 
 def select_stages(args, backbone) -> list[int]:
-    if backbone.family == 'stvit':
-        with_stokens = [i for i, s in enumerate(backbone.arch['stoken_size'])
-                        if max(s if isinstance(s, (list, tuple)) else (s,)) > 1]
+    if backbone.family == "stvit":
+        with_stokens = [
+            i
+            for i, s in enumerate(backbone.arch["stoken_size"])
+            if max(s if isinstance(s, (list, tuple)) else (s,)) > 1
+        ]
         if not with_stokens:
-            raise SystemExit('error: this STViT has no stage with super tokens (every stoken_size is 1): there is '
-                             'no pixel to super-token association to draw')
+            raise SystemExit(
+                "error: this STViT has no stage with super tokens (every stoken_size is 1): there is "
+                "no pixel to super-token association to draw"
+            )
         stages = args.stages if args.stages is not None else with_stokens
         plain = [i for i in stages if i in range(4) and i not in with_stokens]
         if plain:
-            raise SystemExit(f'error: --stages {plain}: stoken_size 1 there (plain global attention, no super '
-                             f'tokens); stages with super tokens: {with_stokens}')
+            raise SystemExit(
+                f"error: --stages {plain}: stoken_size 1 there (plain global attention, no super "
+                f"tokens); stages with super tokens: {with_stokens}"
+            )
     else:
         stages = args.stages if args.stages is not None else [0, 1, 2, 3]
     bad = [i for i in stages if i not in range(4)]
     if bad:
-        raise SystemExit(f'error: --stages {bad}: stages are 0, 1, 2, 3')
+        raise SystemExit(f"error: --stages {bad}: stages are 0, 1, 2, 3")
     if args.stoken is not None and len(args.stoken) not in (1, len(stages)):
-        raise SystemExit(f'error: --stoken takes one index for all stages or one per drawn stage ({len(stages)}: '
-                         f'{stages}); got {len(args.stoken)}')
+        raise SystemExit(
+            f"error: --stoken takes one index for all stages or one per drawn stage ({len(stages)}: "
+            f"{stages}); got {len(args.stoken)}"
+        )
     return sorted(set(stages))
 
 
@@ -152,24 +194,26 @@ def chosen_stokens(indices, records: dict, point, image: PreparedImage) -> dict[
     the point."""
     chosen = {}
     for n, (stage, rec) in enumerate(sorted(records.items())):
-        (hh, ww), (h, w) = rec['grid'], rec['stoken_size']
+        (hh, ww), (h, w) = rec["grid"], rec["stoken_size"]
         if indices is None:
             row, col = map_pixel(point, stage_stride(stage), image)
             chosen[stage] = row // h * ww + col // w
             continue
         token = indices[n if len(indices) > 1 else 0]
         if not 0 <= token < hh * ww:
-            raise SystemExit(f'error: --stoken {token}: stage {stage} of {image.path!r} has {hh}x{ww} super tokens '
-                             f'(flat row-major indices 0..{hh * ww - 1})')
+            raise SystemExit(
+                f"error: --stoken {token}: stage {stage} of {image.path!r} has {hh}x{ww} super tokens "
+                f"(flat row-major indices 0..{hh * ww - 1})"
+            )
         chosen[stage] = token
     return chosen
 
 
 def output_path(out_dir: str, image_path: str, suffix: str, taken: set[str]) -> str:
     stem = osp.splitext(osp.basename(image_path))[0]
-    path, n = osp.join(out_dir, f'{stem}_{suffix}.png'), 1
+    path, n = osp.join(out_dir, f"{stem}_{suffix}.png"), 1
     while path in taken:  # two images with the same name in different directories
-        path, n = osp.join(out_dir, f'{stem}-{n}_{suffix}.png'), n + 1
+        path, n = osp.join(out_dir, f"{stem}-{n}_{suffix}.png"), n + 1
     taken.add(path)
     return path
 
@@ -180,9 +224,10 @@ def main(argv=None) -> list[str]:
     cfg = load_config(args.config, args.cfg_options)
     register_scope(cfg.default_scope)
     from mmengine.registry import MODELS
+
     backbone = build_backbone(cfg, args.checkpoint, args.device)
     stages = select_stages(args, backbone)
-    preprocessor = build_from_registry(MODELS, dict(cfg.model.data_preprocessor), 'model.data_preprocessor')
+    preprocessor = build_from_registry(MODELS, dict(cfg.model.data_preprocessor), "model.data_preprocessor")
     pipeline = test_pipeline(cfg)
     blocks = [key for key in last_blocks(backbone) if key[0] in stages]
     os.makedirs(args.out_dir, exist_ok=True)
@@ -193,16 +238,16 @@ def main(argv=None) -> list[str]:
         with torch.no_grad(), record_attention(backbone, blocks) as records:
             backbone(image.inputs)
         maps = {stage: records[key] for key, stage in zip(blocks, stages)}
-        if backbone.family == 'stvit':
-            out = output_path(args.out_dir, path, 'stvit_supertokens', taken)
+        if backbone.family == "stvit":
+            out = output_path(args.out_dir, path, "stvit_supertokens", taken)
             draw_stvit(out, image, maps, point, chosen_stokens(args.stoken, maps, point, image))
         else:
-            out = output_path(args.out_dir, path, 'hatnet_attention', taken)
+            out = output_path(args.out_dir, path, "hatnet_attention", taken)
             draw_hatnet(out, image, maps, point)
         written.append(out)
-        print(f'wrote {out}')
+        print(f"wrote {out}")
     return written
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -1,75 +1,102 @@
 # Mask R-CNN + FPN with the shrunk STViT of docs/DESIGN.md on the synthetic tiny COCO
 # (python tools/make_tiny_data.py --out data). Sized to train in a few minutes on 2 CPU cores:
 #   python tools/train.py configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py
-_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
-custom_imports = dict(imports=['backbones'], allow_failed_imports=False)
+_base_ = "mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py"
+custom_imports = dict(imports=["backbones"], allow_failed_imports=False)
 
-data_root = 'data/tiny_coco/'
+data_root = "data/tiny_coco/"
 # names of the category ids 1, 3, 7 in the tiny json; CocoDataset maps them to labels 0, 1, 2
-metainfo = dict(classes=('square', 'disc', 'triangle'), palette=[(215, 40, 40), (40, 185, 60), (45, 75, 220)])
+metainfo = dict(classes=("square", "disc", "triangle"), palette=[(215, 40, 40), (40, 185, 60), (45, 75, 220)])
 img_scale = (192, 192)
 channels = 64  # FPN / RoI head width (256 in the base): the demo must run on a CPU
 
 model = dict(
     backbone=dict(
-        _delete_=True, type='STViT',
-        arch=dict(embed_dims=[32, 64, 128, 256], depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8],
-                  n_iter=[1, 1, 1, 1], stoken_size=[8, 4, 1, 1], layerscale=[False] * 4, init_values=1e-5),
-        out_indices=(0, 1, 2, 3), drop_path_rate=0.0, init_cfg=None),
+        _delete_=True,
+        type="STViT",
+        arch=dict(
+            embed_dims=[32, 64, 128, 256],
+            depths=[1, 1, 2, 1],
+            num_heads=[1, 2, 4, 8],
+            n_iter=[1, 1, 1, 1],
+            stoken_size=[8, 4, 1, 1],
+            layerscale=[False] * 4,
+            init_values=1e-5,
+        ),
+        out_indices=(0, 1, 2, 3),
+        drop_path_rate=0.0,
+        init_cfg=None,
+    ),
     neck=dict(in_channels=[32, 64, 128, 256], out_channels=channels),
     rpn_head=dict(in_channels=channels, feat_channels=channels),
     roi_head=dict(
         bbox_roi_extractor=dict(out_channels=channels),
         bbox_head=dict(in_channels=channels, fc_out_channels=256, num_classes=3),
         mask_roi_extractor=dict(out_channels=channels),
-        mask_head=dict(in_channels=channels, conv_out_channels=channels, num_classes=3)),
-    train_cfg=dict(
-        rpn_proposal=dict(nms_pre=500, max_per_img=300),
-        rcnn=dict(sampler=dict(num=128))),
-    test_cfg=dict(rpn=dict(nms_pre=300, max_per_img=100)))
+        mask_head=dict(in_channels=channels, conv_out_channels=channels, num_classes=3),
+    ),
+    train_cfg=dict(rpn_proposal=dict(nms_pre=500, max_per_img=300), rcnn=dict(sampler=dict(num=128))),
+    test_cfg=dict(rpn=dict(nms_pre=300, max_per_img=100)),
+)
 
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(type='Resize', scale=img_scale, keep_ratio=True),
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='PackDetInputs'),
+    dict(type="LoadImageFromFile"),
+    dict(type="LoadAnnotations", with_bbox=True, with_mask=True),
+    dict(type="Resize", scale=img_scale, keep_ratio=True),
+    dict(type="RandomFlip", prob=0.5),
+    dict(type="PackDetInputs"),
 ]
 test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=img_scale, keep_ratio=True),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
+    dict(type="LoadImageFromFile"),
+    dict(type="Resize", scale=img_scale, keep_ratio=True),
+    dict(type="LoadAnnotations", with_bbox=True, with_mask=True),
+    dict(type="PackDetInputs", meta_keys=("img_id", "img_path", "ori_shape", "img_shape", "scale_factor")),
 ]
 train_dataloader = dict(
-    batch_size=4, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=train_pipeline))
+    batch_size=4,
+    num_workers=0,
+    persistent_workers=False,
+    dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=train_pipeline),
+)
 val_dataloader = dict(
-    batch_size=1, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline))
+    batch_size=1,
+    num_workers=0,
+    persistent_workers=False,
+    dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline),
+)
 test_dataloader = val_dataloader
 val_evaluator = None  # evaluation is tasks/metrics.py (torchmetrics), not mmdet's CocoMetric
 test_evaluator = None
 
 optim_wrapper = dict(
-    _delete_=True, type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.05),
+    _delete_=True,
+    type="OptimWrapper",
+    optimizer=dict(type="AdamW", lr=1e-3, betas=(0.9, 0.999), weight_decay=0.05),
     # no weight decay on norms, biases, STViT's positional convs and layer-scale gammas
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
-                       custom_keys={'pos_embed': dict(decay_mult=0.0), 'gamma': dict(decay_mult=0.0),
-                                    'norm': dict(decay_mult=0.0)}),
-    clip_grad=dict(max_norm=10.0, norm_type=2))
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        custom_keys={"pos_embed": dict(decay_mult=0.0), "gamma": dict(decay_mult=0.0), "norm": dict(decay_mult=0.0)},
+    ),
+    clip_grad=dict(max_norm=10.0, norm_type=2),
+)
 max_epochs = 12
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=24),
-    dict(type='MultiStepLR', by_epoch=True, begin=0, end=max_epochs, milestones=[10], gamma=0.1),
+    dict(type="LinearLR", start_factor=0.01, by_epoch=False, begin=0, end=24),
+    dict(type="MultiStepLR", by_epoch=True, begin=0, end=max_epochs, milestones=[10], gamma=0.1),
 ]
 
-trainer = dict(accelerator='cpu', devices=1, max_epochs=max_epochs, check_val_every_n_epoch=max_epochs,
-               num_sanity_val_steps=0, log_every_n_steps=4)
-checkpoint_callback = dict(monitor='bbox_mAP', mode='max')
+trainer = dict(
+    accelerator="cpu",
+    devices=1,
+    max_epochs=max_epochs,
+    check_val_every_n_epoch=max_epochs,
+    num_sanity_val_steps=0,
+    log_every_n_steps=4,
+)
+checkpoint_callback = dict(monitor="bbox_mAP", mode="max")
 randomness = dict(seed=0)  # data order and augmentation are a function of (seed, epoch): tasks/data.py
 # Reliability (tasks/trainer.py, tasks/base.py): write last.ckpt every N optimizer steps for an exact mid-epoch
 # --resume, and 'raise' (stop, naming the step and loss terms) or 'skip' steps whose loss is NaN / inf.
 checkpoint_every_n_steps = None
-nonfinite_loss = 'raise'
+nonfinite_loss = "raise"

@@ -7,10 +7,10 @@
 # trainer.sync_batchnorm=True for the box heads' BatchNorms (their norm_cfg is SyncBN; the
 # task module reverts mm SyncBN to BN and leaves synchronisation to Lightning). HAT-Net itself
 # has no BatchNorm.
-_base_ = ['../stvit/cascade-mask-rcnn_stvit-s_fpn_ms-3x_coco.py', '../_base_/models/hat-net-s.py']
+_base_ = ["../stvit/cascade-mask-rcnn_stvit-s_fpn_ms-3x_coco.py", "../_base_/models/hat-net-s.py"]
 
-model = dict(backbone=_base_.pop('hatnet_s_backbone'))  # neck in_channels as STViT-S
+model = dict(backbone=_base_.pop("hatnet_s_backbone"))  # neck in_channels as STViT-S
 
-optim_wrapper = _base_.pop('hatnet_optim_wrapper')
+optim_wrapper = _base_.pop("hatnet_optim_wrapper")
 
-trainer = dict(precision='32-true', sync_batchnorm=True)
+trainer = dict(precision="32-true", sync_batchnorm=True)

@@ -6,10 +6,10 @@
 # recipe); only the backbone and trainer precision/BN settings are replaced.
 # Backbone choices: see mask-rcnn_hat-net-s_fpn_1x_coco.py. trainer.sync_batchnorm=True for
 # the FPN head's BatchNorms (SyncBN in mmseg's norm_cfg); HAT-Net itself has no BatchNorm.
-_base_ = ['../stvit/fpn_stvit-s_4xb4-80k_ade20k-512x512.py', '../_base_/models/hat-net-s.py']
+_base_ = ["../stvit/fpn_stvit-s_4xb4-80k_ade20k-512x512.py", "../_base_/models/hat-net-s.py"]
 
-model = dict(backbone=_base_.pop('hatnet_s_backbone'))  # neck in_channels as STViT-S
+model = dict(backbone=_base_.pop("hatnet_s_backbone"))  # neck in_channels as STViT-S
 
-optim_wrapper = _base_.pop('hatnet_optim_wrapper')
+optim_wrapper = _base_.pop("hatnet_optim_wrapper")
 
-trainer = dict(precision='32-true', sync_batchnorm=True)
+trainer = dict(precision="32-true", sync_batchnorm=True)

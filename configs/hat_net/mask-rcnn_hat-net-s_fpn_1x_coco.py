@@ -15,15 +15,15 @@
 #   biases; HAT-Net has no positional convs or layer scale. (PVT itself decayed everything.)
 # - precision='32-true' (PVT trained in fp32); sync_batchnorm=False (no BatchNorm in the
 #   backbone or in Mask R-CNN's heads).
-_base_ = ['../stvit/mask-rcnn_stvit-s_fpn_1x_coco.py', '../_base_/models/hat-net-s.py']
+_base_ = ["../stvit/mask-rcnn_stvit-s_fpn_1x_coco.py", "../_base_/models/hat-net-s.py"]
 
-model = dict(backbone=_base_.pop('hatnet_s_backbone'))  # neck in_channels as STViT-S
+model = dict(backbone=_base_.pop("hatnet_s_backbone"))  # neck in_channels as STViT-S
 
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
-    dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
+    dict(type="LinearLR", start_factor=0.001, by_epoch=False, begin=0, end=500),
+    dict(type="MultiStepLR", begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
 ]
 
-optim_wrapper = _base_.pop('hatnet_optim_wrapper')
+optim_wrapper = _base_.pop("hatnet_optim_wrapper")
 
-trainer = dict(precision='32-true', sync_batchnorm=False)
+trainer = dict(precision="32-true", sync_batchnorm=False)

@@ -5,10 +5,10 @@
 # 36 epochs, lr x0.1 at 27 and 33, 1000-iteration warm-up, 8 GPUs x 2 images), with
 # HAT-Net's (PVT's) optimizer: AdamW lr 1e-4, weight decay 1e-4.
 # Backbone choices: see mask-rcnn_hat-net-s_fpn_1x_coco.py.
-_base_ = ['../stvit/mask-rcnn_stvit-s_fpn_ms-3x_coco.py', '../_base_/models/hat-net-s.py']
+_base_ = ["../stvit/mask-rcnn_stvit-s_fpn_ms-3x_coco.py", "../_base_/models/hat-net-s.py"]
 
-model = dict(backbone=_base_.pop('hatnet_s_backbone'))  # neck in_channels as STViT-S
+model = dict(backbone=_base_.pop("hatnet_s_backbone"))  # neck in_channels as STViT-S
 
-optim_wrapper = _base_.pop('hatnet_optim_wrapper')
+optim_wrapper = _base_.pop("hatnet_optim_wrapper")
 
-trainer = dict(precision='32-true', sync_batchnorm=False)
+trainer = dict(precision="32-true", sync_batchnorm=False)

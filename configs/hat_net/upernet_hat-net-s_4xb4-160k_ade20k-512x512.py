@@ -8,12 +8,12 @@
 # Backbone choices: see mask-rcnn_hat-net-s_fpn_1x_coco.py. trainer.sync_batchnorm=True for
 # the mmseg heads' BatchNorms (norm_cfg SyncBN in mmseg; the task module reverts mm SyncBN to
 # BN and leaves synchronisation to Lightning). HAT-Net itself has no BatchNorm.
-_base_ = ['../stvit/upernet_stvit-s_4xb4-160k_ade20k-512x512.py', '../_base_/models/hat-net-s.py']
+_base_ = ["../stvit/upernet_stvit-s_4xb4-160k_ade20k-512x512.py", "../_base_/models/hat-net-s.py"]
 
-model = dict(backbone=_base_.pop('hatnet_s_backbone'))  # head in_channels as STViT-S
+model = dict(backbone=_base_.pop("hatnet_s_backbone"))  # head in_channels as STViT-S
 
 optim_wrapper = dict(
-    _base_.pop('hatnet_optim_wrapper'),
-    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01))
+    _base_.pop("hatnet_optim_wrapper"), optimizer=dict(type="AdamW", lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01)
+)
 
-trainer = dict(precision='32-true', sync_batchnorm=True)
+trainer = dict(precision="32-true", sync_batchnorm=True)

@@ -15,15 +15,15 @@
 # Backbone choices (stoken_size preset, norm_out=False, drop path 0.2 = Swin-T cascade
 # value, SyncBN, AMP): see mask-rcnn_stvit-s_fpn_1x_coco.py.
 _base_ = [
-    'mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
-    '../_base_/models/stvit-s.py',
-    '../_base_/lightning/det_8x2.py',
+    "mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py",
+    "../_base_/models/stvit-s.py",
+    "../_base_/lightning/det_8x2.py",
 ]
 
 
 def _giou_4conv1fc_head(target_stds):
     return dict(
-        type='ConvFCBBoxHead',
+        type="ConvFCBBoxHead",
         num_shared_convs=4,
         num_shared_fcs=1,
         in_channels=256,
@@ -31,61 +31,80 @@ def _giou_4conv1fc_head(target_stds):
         fc_out_channels=1024,
         roi_feat_size=7,
         num_classes=80,
-        bbox_coder=dict(
-            type='DeltaXYWHBBoxCoder', target_means=[0., 0., 0., 0.], target_stds=target_stds),
+        bbox_coder=dict(type="DeltaXYWHBBoxCoder", target_means=[0.0, 0.0, 0.0, 0.0], target_stds=target_stds),
         reg_class_agnostic=False,
         reg_decoded_bbox=True,
-        norm_cfg=dict(type='SyncBN', requires_grad=True),
-        loss_cls=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0),
-        loss_bbox=dict(type='GIoULoss', loss_weight=10.0))
+        norm_cfg=dict(type="SyncBN", requires_grad=True),
+        loss_cls=dict(type="CrossEntropyLoss", use_sigmoid=False, loss_weight=1.0),
+        loss_bbox=dict(type="GIoULoss", loss_weight=10.0),
+    )
 
 
 # Super tokens in stage 3 at COCO scale (see the header of mask-rcnn_stvit-s_fpn_1x_coco.py).
 dense_stoken_size = [8, 4, 2, 1]
 model = dict(
-    backbone=dict(_base_.pop('stvit_s_backbone'), stoken_size=dense_stoken_size),
+    backbone=dict(_base_.pop("stvit_s_backbone"), stoken_size=dense_stoken_size),
     neck=dict(in_channels=[64, 128, 320, 512]),
-    roi_head=dict(bbox_head=[
-        _giou_4conv1fc_head([0.1, 0.1, 0.2, 0.2]),
-        _giou_4conv1fc_head([0.05, 0.05, 0.1, 0.1]),
-        _giou_4conv1fc_head([0.033, 0.033, 0.067, 0.067]),
-    ]))
+    roi_head=dict(
+        bbox_head=[
+            _giou_4conv1fc_head([0.1, 0.1, 0.2, 0.2]),
+            _giou_4conv1fc_head([0.05, 0.05, 0.1, 0.1]),
+            _giou_4conv1fc_head([0.033, 0.033, 0.067, 0.067]),
+        ]
+    ),
+)
 
 # Swin / DETR-style augmentation (backend_args=None as in the base datasets).
 train_pipeline = [
-    dict(type='LoadImageFromFile', backend_args=None),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(type='RandomFlip', prob=0.5),
+    dict(type="LoadImageFromFile", backend_args=None),
+    dict(type="LoadAnnotations", with_bbox=True, with_mask=True),
+    dict(type="RandomFlip", prob=0.5),
     dict(
-        type='RandomChoice',
+        type="RandomChoice",
         transforms=[
             [
                 dict(
-                    type='RandomChoiceResize',
-                    scales=[(480, 1333), (512, 1333), (544, 1333), (576, 1333), (608, 1333),
-                            (640, 1333), (672, 1333), (704, 1333), (736, 1333), (768, 1333),
-                            (800, 1333)],
-                    keep_ratio=True)
+                    type="RandomChoiceResize",
+                    scales=[
+                        (480, 1333),
+                        (512, 1333),
+                        (544, 1333),
+                        (576, 1333),
+                        (608, 1333),
+                        (640, 1333),
+                        (672, 1333),
+                        (704, 1333),
+                        (736, 1333),
+                        (768, 1333),
+                        (800, 1333),
+                    ],
+                    keep_ratio=True,
+                )
             ],
             [
+                dict(type="RandomChoiceResize", scales=[(400, 1333), (500, 1333), (600, 1333)], keep_ratio=True),
+                dict(type="RandomCrop", crop_type="absolute_range", crop_size=(384, 600), allow_negative_crop=True),
                 dict(
-                    type='RandomChoiceResize',
-                    scales=[(400, 1333), (500, 1333), (600, 1333)],
-                    keep_ratio=True),
-                dict(
-                    type='RandomCrop',
-                    crop_type='absolute_range',
-                    crop_size=(384, 600),
-                    allow_negative_crop=True),
-                dict(
-                    type='RandomChoiceResize',
-                    scales=[(480, 1333), (512, 1333), (544, 1333), (576, 1333), (608, 1333),
-                            (640, 1333), (672, 1333), (704, 1333), (736, 1333), (768, 1333),
-                            (800, 1333)],
-                    keep_ratio=True)
+                    type="RandomChoiceResize",
+                    scales=[
+                        (480, 1333),
+                        (512, 1333),
+                        (544, 1333),
+                        (576, 1333),
+                        (608, 1333),
+                        (640, 1333),
+                        (672, 1333),
+                        (704, 1333),
+                        (736, 1333),
+                        (768, 1333),
+                        (800, 1333),
+                    ],
+                    keep_ratio=True,
+                ),
             ],
-        ]),
-    dict(type='PackDetInputs'),
+        ],
+    ),
+    dict(type="PackDetInputs"),
 ]
 train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
 
@@ -93,10 +112,10 @@ max_epochs = 36
 train_cfg = dict(max_epochs=max_epochs, val_interval=1)
 
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[27, 33], gamma=0.1),
+    dict(type="LinearLR", start_factor=0.001, by_epoch=False, begin=0, end=1000),
+    dict(type="MultiStepLR", begin=0, end=max_epochs, by_epoch=True, milestones=[27, 33], gamma=0.1),
 ]
 
-optim_wrapper = _base_.pop('stvit_optim_wrapper')
+optim_wrapper = _base_.pop("stvit_optim_wrapper")
 
-trainer = dict(precision='16-mixed', sync_batchnorm=True, max_epochs=max_epochs)
+trainer = dict(precision="16-mixed", sync_batchnorm=True, max_epochs=max_epochs)

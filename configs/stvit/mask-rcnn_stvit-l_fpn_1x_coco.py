@@ -10,12 +10,14 @@
 # checkpoints most blocks at 224x224; at 1333x800 its 19 global-attention blocks in
 # stage 3 (~4.2k tokens, 7 heads) would otherwise keep tens of GB of attention maps per GPU
 # for the backward pass, even with AMP.
-_base_ = './mask-rcnn_stvit-s_fpn_1x_coco.py'
+_base_ = "./mask-rcnn_stvit-s_fpn_1x_coco.py"
 
 model = dict(
     backbone=dict(
-        arch='large',
+        arch="large",
         drop_path_rate=0.4,
         with_cp=True,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/stvit_large.pth')),
-    neck=dict(in_channels=[96, 192, 448, 640]))
+        init_cfg=dict(type="Pretrained", checkpoint="pretrained/stvit_large.pth"),
+    ),
+    neck=dict(in_channels=[96, 192, 448, 640]),
+)

@@ -34,22 +34,24 @@
 #   and layer-scale gammas (Swin's "no decay on norm / position bias" rule carried
 #   over to STViT's parameter names).
 _base_ = [
-    'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
-    '../_base_/models/stvit-s.py',
-    '../_base_/schedules/swin_det_1x.py',
-    '../_base_/lightning/det_8x2.py',
+    "mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py",
+    "../_base_/models/stvit-s.py",
+    "../_base_/schedules/swin_det_1x.py",
+    "../_base_/lightning/det_8x2.py",
 ]
 
 # Super tokens in stage 3 at COCO scale (see the header of mask-rcnn_stvit-s_fpn_1x_coco.py).
 dense_stoken_size = [8, 4, 2, 1]
-model = dict(backbone=dict(_base_.pop('stvit_s_backbone'), stoken_size=dense_stoken_size),
-             neck=dict(in_channels=[64, 128, 320, 512]))
+model = dict(
+    backbone=dict(_base_.pop("stvit_s_backbone"), stoken_size=dense_stoken_size),
+    neck=dict(in_channels=[64, 128, 320, 512]),
+)
 
 max_epochs = 12
 train_cfg = dict(max_epochs=max_epochs, val_interval=1)
 
-param_scheduler = _base_.pop('swin_det_1x_param_scheduler')
+param_scheduler = _base_.pop("swin_det_1x_param_scheduler")
 
-optim_wrapper = _base_.pop('stvit_optim_wrapper')
+optim_wrapper = _base_.pop("stvit_optim_wrapper")
 
-trainer = dict(precision='16-mixed', sync_batchnorm=True, max_epochs=max_epochs)
+trainer = dict(precision="16-mixed", sync_batchnorm=True, max_epochs=max_epochs)

@@ -7,21 +7,23 @@
 # Backbone choices (stoken_size preset, norm_out=False, drop path 0.2, SyncBN, AMP) are
 # the same as in `mask-rcnn_stvit-s_fpn_1x_coco.py`; see the comments there.
 _base_ = [
-    'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py',
-    '../_base_/models/stvit-s.py',
-    '../_base_/lightning/det_8x2.py',
+    "mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py",
+    "../_base_/models/stvit-s.py",
+    "../_base_/lightning/det_8x2.py",
 ]
 
 # Super tokens in stage 3 at COCO scale (see the header of mask-rcnn_stvit-s_fpn_1x_coco.py).
 dense_stoken_size = [8, 4, 2, 1]
-model = dict(backbone=dict(_base_.pop('stvit_s_backbone'), stoken_size=dense_stoken_size),
-             neck=dict(in_channels=[64, 128, 320, 512]))
+model = dict(
+    backbone=dict(_base_.pop("stvit_s_backbone"), stoken_size=dense_stoken_size),
+    neck=dict(in_channels=[64, 128, 320, 512]),
+)
 
 max_epochs = 36
 train_cfg = dict(max_epochs=max_epochs, val_interval=1)
 
 # The base already has LinearLR(1000 iters) + MultiStepLR([27, 33]) over 36 epochs.
 
-optim_wrapper = _base_.pop('stvit_optim_wrapper')
+optim_wrapper = _base_.pop("stvit_optim_wrapper")
 
-trainer = dict(precision='16-mixed', sync_batchnorm=True, max_epochs=max_epochs)
+trainer = dict(precision="16-mixed", sync_batchnorm=True, max_epochs=max_epochs)

@@ -21,30 +21,31 @@
 # - single-scale evaluation (whole image, short side 512); mmseg's TTA pipeline for
 #   multi-scale + flip numbers is inherited (`tta_pipeline`, `tta_model`).
 _base_ = [
-    'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py',
-    '../_base_/models/stvit-s.py',
-    '../_base_/lightning/seg_4x4.py',
+    "mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py",
+    "../_base_/models/stvit-s.py",
+    "../_base_/lightning/seg_4x4.py",
 ]
 
 model = dict(
     # the base sets an EncoderDecoder-level `pretrained` (ResNet-50 v1c) that would be
     # forwarded to the backbone; the backbone's own init_cfg is used instead.
     pretrained=None,
-    backbone=dict(_base_.pop('stvit_s_backbone'), drop_path_rate=0.3),
+    backbone=dict(_base_.pop("stvit_s_backbone"), drop_path_rate=0.3),
     decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),
-    auxiliary_head=dict(in_channels=320, num_classes=150))
+    auxiliary_head=dict(in_channels=320, num_classes=150),
+)
 
 max_iters = 160000
 val_interval = 16000
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=val_interval)
+train_cfg = dict(type="IterBasedTrainLoop", max_iters=max_iters, val_interval=val_interval)
 
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
-    dict(type='PolyLR', eta_min=0.0, power=1.0, begin=1500, end=max_iters, by_epoch=False),
+    dict(type="LinearLR", start_factor=1e-6, by_epoch=False, begin=0, end=1500),
+    dict(type="PolyLR", eta_min=0.0, power=1.0, begin=1500, end=max_iters, by_epoch=False),
 ]
 
 optim_wrapper = dict(
-    _base_.pop('stvit_optim_wrapper'),
-    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01))
+    _base_.pop("stvit_optim_wrapper"), optimizer=dict(type="AdamW", lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01)
+)
 
-trainer = dict(precision='32-true', sync_batchnorm=True, max_steps=max_iters, val_check_interval=val_interval)
+trainer = dict(precision="32-true", sync_batchnorm=True, max_steps=max_iters, val_check_interval=val_interval)

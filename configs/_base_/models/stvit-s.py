@@ -14,13 +14,14 @@
 # no activation checkpointing (STViT-L detection overrides it).
 stvit_s_backbone = dict(
     _delete_=True,
-    type='STViT',
-    arch='small',
+    type="STViT",
+    arch="small",
     out_indices=(0, 1, 2, 3),
     drop_path_rate=0.2,
     with_cp=False,
     norm_out=False,
-    init_cfg=dict(type='Pretrained', checkpoint='pretrained/stvit_small.pth'))
+    init_cfg=dict(type="Pretrained", checkpoint="pretrained/stvit_small.pth"),
+)
 
 # AdamW in a plain OptimWrapper (Lightning handles AMP). The optimizer is Swin's detection
 # one (lr 1e-4, betas (0.9, 0.999), weight decay 0.05), used by every detection config; the
@@ -29,13 +30,15 @@ stvit_s_backbone = dict(
 # bias" rule carried over to STViT's parameter names).
 stvit_optim_wrapper = dict(
     _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    type="OptimWrapper",
+    optimizer=dict(type="AdamW", lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
     paramwise_cfg=dict(
-        norm_decay_mult=0.,
-        bias_decay_mult=0.,
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
         custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'gamma_1': dict(decay_mult=0.),
-            'gamma_2': dict(decay_mult=0.),
-        }))
+            "pos_embed": dict(decay_mult=0.0),
+            "gamma_1": dict(decay_mult=0.0),
+            "gamma_2": dict(decay_mult=0.0),
+        },
+    ),
+)

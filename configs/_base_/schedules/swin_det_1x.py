@@ -4,6 +4,6 @@
 #     param_scheduler = _base_.pop('swin_det_1x_param_scheduler')
 # (see ../models/stvit-s.py for why pop).
 swin_det_1x_param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
-    dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
+    dict(type="LinearLR", start_factor=0.001, by_epoch=False, begin=0, end=1000),
+    dict(type="MultiStepLR", begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
 ]
