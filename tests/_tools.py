@@ -1,7 +1,27 @@
-"""Paths and tool loading shared by the tests that run the command-line tools."""
+"""Paths, tool loading, shrunk archs and data helpers shared by the tests."""
 
 import importlib.util
 import os.path as osp
+
+# docs/DESIGN.md's shrunk archs for CPU tests (not released variants)
+STVIT_T = dict(
+    embed_dims=[32, 64, 128, 256],
+    depths=[1, 1, 2, 1],
+    num_heads=[1, 2, 4, 8],
+    n_iter=[1, 1, 1, 1],
+    stoken_size=[8, 4, 1, 1],
+    layerscale=[False] * 4,
+    init_values=1e-5,
+)
+HATNET_T = dict(
+    dims=[32, 64, 128, 256],
+    head_dim=32,
+    expansions=[4, 4, 4, 4],
+    grid_sizes=[8, 7, 7, 1],
+    ds_ratios=[8, 4, 2, 1],
+    depths=[1, 1, 2, 1],
+    kernel_sizes=[3, 3, 3, 3],
+)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py")

@@ -9,25 +9,8 @@ import torch
 
 from backbones import CheckpointError, HATNet, STViT, load_pretrained
 from backbones.hatnet import Attention as HATAttention
+from tests._tools import HATNET_T, STVIT_T
 
-STVIT_T = dict(
-    embed_dims=[32, 64, 128, 256],
-    depths=[1, 1, 2, 1],
-    num_heads=[1, 2, 4, 8],
-    n_iter=[1, 1, 1, 1],
-    stoken_size=[8, 4, 1, 1],
-    layerscale=[False] * 4,
-    init_values=1e-5,
-)
-HATNET_T = dict(
-    dims=[32, 64, 128, 256],
-    head_dim=32,
-    expansions=[4, 4, 4, 4],
-    grid_sizes=[8, 7, 7, 1],
-    ds_ratios=[8, 4, 2, 1],
-    depths=[1, 1, 2, 1],
-    kernel_sizes=[3, 3, 3, 3],
-)
 SHRUNK = [(STViT, STVIT_T), (HATNet, HATNET_T)]
 
 

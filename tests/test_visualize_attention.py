@@ -19,26 +19,10 @@ from backbones.attention_maps import (
     window_attention_map,
 )
 from tests._tools import DET_CFG, SEG_CFG, load_tool
+from tests._tools import HATNET_T as HATNET_ARCH
+from tests._tools import STVIT_T as STVIT_ARCH
 
 # shrunk archs of docs/DESIGN.md
-STVIT_ARCH = dict(
-    embed_dims=[32, 64, 128, 256],
-    depths=[1, 1, 2, 1],
-    num_heads=[1, 2, 4, 8],
-    n_iter=[1, 1, 1, 1],
-    stoken_size=[8, 4, 1, 1],
-    layerscale=[False] * 4,
-    init_values=1e-5,
-)
-HATNET_ARCH = dict(
-    dims=[32, 64, 128, 256],
-    head_dim=32,
-    expansions=[4, 4, 4, 4],
-    grid_sizes=[8, 7, 7, 1],
-    ds_ratios=[8, 4, 2, 1],
-    depths=[1, 1, 2, 1],
-    kernel_sizes=[3, 3, 3, 3],
-)
 # 100 x 140 input: stage maps 25x35, 13x18, 7x9, 4x5, none a multiple of its super-token / window size, so
 # the records include padded super-token cells and partial border windows.
 SIZE = (100, 140)
