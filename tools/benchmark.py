@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backbones import HATNet, STViT, fast_paths  # noqa: E402
+from perf.memory import peak_rss_gib  # noqa: E402
 
 FAMILIES = {"stvit": STViT, "hatnet": HATNet}
 # docs/DESIGN.md's shrunk archs (not released variants): the CPU smoke runs of the measuring tools.
@@ -227,21 +227,9 @@ def report_child_peak(model, x, args) -> None:
     step = make_step(model, x, args.mode, args.precision)
     step()
     step()
-    print(json.dumps({"max_rss_gib": _peak_rss_gib()}))
+    print(json.dumps({"max_rss_gib": peak_rss_gib()}))
 
 
-def _peak_rss_gib() -> float:
-    """This process's peak resident memory. Linux: VmHWM of /proc/self/status (kB). Not ru_maxrss: that
-    survives exec, so a child started from a large parent reports the parent's RSS at fork time."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    # ru_maxrss: KiB on Linux, bytes on macOS
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 def _model_and_input(name, args):

@@ -314,10 +314,10 @@ def run_child(args) -> dict:
     t0 = time.perf_counter()
     metrics = compute()
     t_compute = time.perf_counter() - t0
-    from tools.benchmark import _peak_rss_gib
+    from perf.memory import peak_rss_gib
 
     return dict(
-        update_s=t_update, compute_s=t_compute, total_s=t_update + t_compute, peak_gib=_peak_rss_gib(), metrics=metrics
+        update_s=t_update, compute_s=t_compute, total_s=t_update + t_compute, peak_gib=peak_rss_gib(), metrics=metrics
     )
 
 
