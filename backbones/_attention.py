@@ -3,7 +3,7 @@
 With fast paths off: the attention matrix, materialised (the plain formulation). With fast paths on: SDPA,
 or on CPU in fp32 for attention over a few hundred keys or more (STViT's global stage, HAT-Net's global
 attention to the pooled map) a kernel that runs every GEMM through oneDNN, whose GEMMs measured faster than
-the MKL ones inside SDPA's CPU kernel (README, Performance). The two GEMMs that contract over queries (dK,
+the MKL ones inside SDPA's CPU kernel (docs/performance.md, "Fast paths"). The two GEMMs that contract over queries (dK,
 dV) read the probabilities transposed in place. Keeping the probabilities holds a (batch x heads, N_q, N_k)
 float32 tensor, so that kernel is used only up to ``LIMITS.attention_max_probs_bytes``; larger inputs (e.g.
 STViT's stage 3 at 800x1344, 350 MiB per block) take a chunked variant that keeps nothing of size N^2 and
@@ -36,7 +36,7 @@ def _mm_tn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a.T @ b for 2-D tensors with a common first dim, as one oneDNN GEMM.
 
     b goes in as the linear layer's weight b.T, a transposed view that oneDNN's matmul reads in place
-    (faster than torch.mm's MKL GEMM on the attention's dK/dV shapes, and than copying b.T first: README).
+    (faster than torch.mm's MKL GEMM on the attention's dK/dV shapes, and than copying b.T first: docs/performance.md).
     """
     return _onednn_linear(a.t().contiguous(), b.t(), None, "none", [], "")
 

@@ -17,8 +17,8 @@ NUM_STAGES = 4
 # Memory layout. With fast paths on, both backbones run their feature maps in ``torch.channels_last`` memory
 # (logical NCHW shape, NHWC strides): oneDNN's NHWC convolutions measured faster on CPU, the channel
 # LayerNorms need no permute copies, and the attention's q/k/v/out reshapes become views with a contiguous
-# head dim (README, Performance). With fast paths off they run the official contiguous NCHW layout. Values are
-# unchanged (same math; only summation order inside oneDNN may differ).
+# head dim (docs/performance.md, "Fast paths"). With fast paths off they run the official contiguous NCHW
+# layout. Values are unchanged (same math; only summation order inside oneDNN may differ).
 def nhwc(x: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) -> (B, H, W, C) view (contiguous when x is channels_last)."""
     return x.permute(0, 2, 3, 1)

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import noop_context_fn
 
 @dataclasses.dataclass
 class Limits:
-    """Input sizes from which each fast path engages (see README, Performance, for why these values).
+    """Input sizes from which each fast path engages (see docs/performance.md, "Fast paths", for why these values).
 
     Attributes:
         row_chunk_bytes: hidden layers larger than twice this are computed in row chunks of about this size.

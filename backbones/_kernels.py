@@ -3,7 +3,7 @@
 Each kernel computes what the plain module code computes, values and gradients
 (``tests/test_perf_equivalence.py``); the model files call them only with fast paths on, and each one checks
 that the modules it is handed are the kind it was written for, falling back to the plain composition
-otherwise. Why each exists, and what it measured, is in the README's Performance section.
+otherwise. Why each exists, and what it measured, is in docs/performance.md ("Fast paths").
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ._fast_paths import LIMITS
 # --- row chunks -------------------------------------------------------------------------------------------
 # The widest activations (the MLP / inverted-residual hidden layers at stride 4 and 8) are computed in row
 # chunks of about LIMITS.row_chunk_bytes, which the allocator recycles, instead of one tensor large enough
-# to be served by fresh, page-faulting memory maps (README, Performance: "Row chunks"). Exact: each chunk
+# to be served by fresh, page-faulting memory maps (docs/performance.md, "Fast paths": "Row chunks"). Exact: each chunk
 # carries `halo` rows of context for the convolutions, cropped after them.
 class _OverlappingRows(torch.autograd.Function):
     """Row slices [lo, hi) of x (views). Backward adds each slice's gradient into one buffer; autograd's own
@@ -92,7 +92,7 @@ class _MlpTail(torch.autograd.Function):
     Plain autograd keeps three hidden-width (4 x dim) tensors per block alive until backward (h, GELU(h),
     r); this keeps h and recomputes GELU and the depthwise conv in backward (no GEMM is recomputed).
     Same values and gradients, less activation memory for one more GELU + depthwise-conv forward per block
-    (README, Performance)."""
+    (docs/performance.md, "Fast paths")."""
 
     @staticmethod
     def forward(ctx, h, dw_weight, dw_bias, weight, bias, dw_args):

@@ -210,7 +210,7 @@ class MMTaskModule(L.LightningModule):
         if self.cfg.get("tta_model") is None:
             raise ValueError(
                 "--tta: the config defines no tta_model (e.g. "
-                "tta_model = dict(type='SegTTAModel') with a tta_pipeline; see README)"
+                "tta_model = dict(type='SegTTAModel') with a tta_pipeline; see docs/evaluation.md)"
             )
         tta = build_from_registry(self.models_registry(), dict(self.cfg.tta_model, module=self.model), "tta_model")
         self.check_tta(tta)

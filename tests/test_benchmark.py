@@ -62,7 +62,7 @@ def test_variants_table_matches_the_papers_parameter_counts():
 
 
 def test_compiled_backbone_matches_eager():
-    # --compile: inductor on CPU. HAT-Net-T at 64x64 compiles in ~35 s here (STViT-S takes ~12 min: README).
+    # --compile: inductor on CPU, on the smallest model and input (compile times: docs/performance.md).
     import torch
 
     args = _args("--family", "hatnet", "--arch", "tiny", "--size", "64x64", "--mode", "infer", "--compile")

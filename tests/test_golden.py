@@ -52,8 +52,8 @@ CASES = {
 # The reference README's tolerance: rtol=1e-4, atol=1e-5 relative to each tensor's scale.
 ATOL = 1e-5
 # float32 gradients: a weight's gradient sums over every position, and the rounding of that sum depends on the
-# CPU's kernels. Against a float64 run of the same math, the official float32 gradients are off by up to 7e-6 of
-# their scale, ours by up to 2.7e-5 on an Intel Xeon (SDPA's CPU kernel; 1.2e-5 with explicit attention). So
+# CPU's kernels: ours (SDPA's CPU kernel) round differently from the official explicit attention, by a few
+# times the reference tolerance on some CPUs (figures in docs/backbones.md, "Exactness"). So
 # float32 gradients are compared at 5e-5, and test_float64_gradients_match_official holds the math itself to
 # the reference tolerance. A wrong formula is off by orders of magnitude more.
 GRAD_ATOL_FP32 = 5e-5

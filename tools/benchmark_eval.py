@@ -15,7 +15,7 @@ feeds it (``to_dict()`` of each sample). Sample generation is not timed. The chi
 Prints per child: update, compute and total seconds and peak RSS (GiB, including the ~constant memory of the
 generated batch); per round the ratio; and the largest difference of any metric (the 9 flat ones and the
 per-class table) between the two. mmdet rounds its results to 3 decimals, so differences up to 5e-4 are
-rounding. Figures for this machine are in the README ("Evaluation speed").
+rounding. Measured figures are in docs/evaluation.md ("Evaluation speed").
 """
 
 from __future__ import annotations

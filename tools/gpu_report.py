@@ -97,11 +97,11 @@ FULL = Plan(
     compile_timeout_s=200,
     budget_s=480,
 )
-# CPU smoke run: every code path of the full run on the shrunk archs (on this CPU the small variants' fp16 and
-# bf16 steps take ~10 s each even at 64x96: no fp16 kernels), at sizes whose stage maps still exercise the
+# CPU smoke run: every code path of the full run on the shrunk archs (a CPU has no fast fp16 / bf16 kernels,
+# so even the small variants' half-precision steps are slow there), at sizes whose stage maps still exercise the
 # padding (72x100 divides no grid). torch.compile with the eager backend: dynamo's graph capture (graph breaks,
-# guards) and the child-process plumbing, without inductor's C++ code generation (minutes on a CPU) or
-# AOTAutograd (~30 s here).
+# guards) and the child-process plumbing, without inductor's C++ code generation or AOTAutograd (both slow on
+# a CPU; figures in docs/performance.md, "GPU report").
 QUICK = Plan(
     exact_sizes=((64, 96), (224, 224), (72, 100)),
     train_size=(64, 96),

@@ -117,7 +117,7 @@ def use_tta_pipeline(cfg, config_path: str) -> None:
     if missing:
         raise ValueError(
             f"--tta: {config_path} defines no {' / '.join(missing)}. Inherit them from an mmseg "
-            'ADE20K base or define them as mmdet does (README, "Evaluation protocols")'
+            'ADE20K base or define them as mmdet does (docs/evaluation.md, "Evaluation protocols")'
         )
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
 

@@ -8,7 +8,7 @@ kwargs), overridable like any key: ``--cfg-options trainer.devices=4 trainer.str
 The work dir (default ``work_dirs/<config stem>``) receives the resolved config, ``last.ckpt``, the best
 checkpoint when ``checkpoint_callback.monitor`` is set, CSV / TensorBoard logs and, at the end,
 ``metrics.json`` (the last validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``.
-``--auto-scale-lr`` scales the lr to the real total batch size (see tasks/optim.py and the README).
+``--auto-scale-lr`` scales the lr to the real total batch size (see tasks/optim.py and docs/training.md).
 
 A process that fails prints ``rank R failed: <error>`` and exits with status 1; under Lightning's DDP
 launcher the other ranks are then killed (see tasks/trainer.py for the process-group timeout).

@@ -11,10 +11,9 @@
 # - stoken_size=[8, 4, 2, 1] (the dense-prediction setting): super token attention with 2x2 super
 #   tokens in stage 3 instead of the classification preset [8, 4, 1, 1], whose stage 3 is global
 #   attention over all 50x84 positions of a 800x1344 image (half of its 194 GMACs). Measured with
-#   tools/benchmark.py --compare, each setting in one process with Swin-T (train mode, fp32, 2 threads,
-#   800x1344; README "Performance"): [8,4,1,1] 6.01 s/iter (0.87x Swin-T's speed), [8,4,2,1] 3.06 s
-#   (1.39x), [16,8,2,1] 2.76 s (1.62x), [8,4,4,1] 2.57 s (1.76x); Swin-T 4.3-5.2 s across the runs.
-#   [8,4,2,1] is the finest stage-3 setting that is faster than Swin-T, so it
+#   tools/benchmark.py --stoken-size ... --compare against Swin-T at 800x1344 (figures and command in
+#   docs/performance.md, "Dense-prediction setting"): [8,4,2,1] is the finest stage-3 setting that is
+#   faster than Swin-T, so it
 #   stays closest to the global attention the ImageNet weights were trained with; the parameters are
 #   the same, so those weights load unchanged. The official repo itself profiles dense inputs with
 #   super tokens in stage 3 ([16, 8, 2, 1] at 512x512). ADE20K configs (512x512, 32x32 positions in
