@@ -230,8 +230,6 @@ def report_child_peak(model, x, args) -> None:
     print(json.dumps({"max_rss_gib": peak_rss_gib()}))
 
 
-
-
 def _model_and_input(name, args):
     model = build(name, args.family, args.arch, args.stoken_size, args.with_cp).to(args.device)
     h, w = args.size
