@@ -14,15 +14,36 @@ sample its own seed, and can start an epoch after the batches a checkpoint says 
 from __future__ import annotations
 
 import itertools
+import random
 from typing import Callable, Iterable
 
 import numpy as np
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The seed with which the augmentation RNGs are reseeded before sample ``index`` of ``epoch`` is loaded."""
     return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
+
+
+class SeededDataset(Dataset):
+    """Reads ``(index, sample_seed)`` keys (``ResumableBatchSampler``): numpy's and ``random``'s global generators,
+    which mm transforms such as RandomFlip / RandomResize / RandomCrop draw from, are reseeded before the sample's
+    pipeline runs, so its augmentation depends on (seed, epoch, index) only, not on the worker or what ran
+    before. A plain index (the evaluation loaders) loads the sample as it is."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            key, seed = key
+            np.random.seed(seed)
+            random.seed(seed)
+        return self.dataset[key]
 
 
 class ResumableSampler(DistributedSampler):
@@ -55,7 +76,7 @@ def build_batch_sampler(spec: dict | None, batch_size: int, drop_last: bool) -> 
 
 
 class ResumableBatchSampler(Sampler):
-    """Batches of ``(index, sample_seed)`` keys (read by ``CheckedDataset``) for one epoch.
+    """Batches of ``(index, sample_seed)`` keys (read by ``SeededDataset``) for one epoch.
 
     Args:
         sampler: the rank's index order (``ResumableSampler``); Lightning calls its ``set_epoch``.

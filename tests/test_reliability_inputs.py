@@ -131,14 +131,14 @@ def _datamodule(cfg_path, root, scope):
 
 
 def _all_samples(dm, split):
-    from tasks.data import CheckedDataset
+    from tasks.data_checks import CheckedDataset
 
     ds = CheckedDataset(dm.dataset(split), split)
-    return [ds[(i, 0)] for i in range(len(ds))]
+    return [ds[i] for i in range(len(ds))]
 
 
 def test_missing_image_names_the_file(coco):
-    from tasks.data import DataError
+    from tasks.data_checks import DataError
 
     ann = json.loads((coco / "annotations" / "instances_train2017.json").read_text())
     with_objects = {a["image_id"] for a in ann["annotations"]}
@@ -150,7 +150,7 @@ def test_missing_image_names_the_file(coco):
 
 
 def test_truncated_jpeg_names_the_file(ade):
-    from tasks.data import DataError
+    from tasks.data_checks import DataError
 
     victim = sorted((ade / "images" / "training").iterdir())[0]
     victim.write_bytes(victim.read_bytes()[:2000])
@@ -159,7 +159,7 @@ def test_truncated_jpeg_names_the_file(ade):
 
 
 def test_unreadable_image_names_the_file(ade):
-    from tasks.data import DataError
+    from tasks.data_checks import DataError
 
     victim = sorted((ade / "images" / "validation").iterdir())[0]
     victim.write_bytes(b"not an image at all")
@@ -168,7 +168,7 @@ def test_unreadable_image_names_the_file(ade):
 
 
 def test_segmentation_label_above_num_classes_is_an_error(ade):
-    from tasks.data import DataError
+    from tasks.data_checks import DataError
 
     victim = sorted((ade / "annotations" / "validation").iterdir())[0]
     seg = np.array(Image.open(victim))
@@ -201,7 +201,7 @@ def test_grayscale_rgba_16bit_png_load_as_8bit_bgr(kind, tmp_path):
 
 
 def test_coco_unknown_category_id_is_an_error(coco):
-    from tasks.data import DataError
+    from tasks.data_checks import DataError
 
     ann_file = coco / "annotations" / "instances_train2017.json"
     data = json.loads(ann_file.read_text())
@@ -230,7 +230,8 @@ def test_coco_without_any_config_class_names_classes_file_and_override(coco, tmp
     import shlex
 
     from tasks.config import load_config
-    from tasks.data import DataError, MMDataModule
+    from tasks.data import MMDataModule
+    from tasks.data_checks import DataError
 
     _rename_categories(coco, ("cube", "ball", "cone"))
     ann_file = coco / "annotations" / "instances_train2017.json"
