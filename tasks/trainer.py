@@ -1,9 +1,10 @@
-"""Build the ``lightning.Trainer`` from the config's ``trainer`` / ``checkpoint_callback`` sections.
+"""Build the ``lightning.Trainer`` from the config's ``trainer`` / ``checkpoint_callback`` / ``loggers`` sections.
 
 ``trainer = dict(...)`` holds ``lightning.Trainer`` keyword arguments only (unknown keys are rejected,
 listing the valid ones). Defaults come from the mm sections when the trainer section is silent:
 ``train_cfg`` (epochs / iterations, validation interval), ``optim_wrapper.clip_grad`` (gradient
-clipping) and ``optim_wrapper.accumulative_counts`` (gradient accumulation).
+clipping) and ``optim_wrapper.accumulative_counts`` (gradient accumulation). ``loggers = [dict(type=...), ...]``
+holds Lightning logger classes (experiment trackers: tasks/trackers.py).
 
 Top-level reliability keys (besides ``nonfinite_loss``, see tasks/base.py):
 
@@ -24,13 +25,13 @@ from collections.abc import Iterable
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from mmengine.config import Config
 
 from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
 from .progress import is_iteration_based, step_progress_bar
+from .trackers import RunReport, build_loggers
 
 TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
 CHECKPOINT_KEYS = frozenset(inspect.signature(ModelCheckpoint.__init__).parameters) - {"self"}
@@ -136,7 +137,8 @@ def checkpoint_callback(cfg: Config, work_dir: str) -> ModelCheckpoint:
 def build_trainer(
     cfg: Config, work_dir: str, callbacks: Iterable[L.Callback] = (), for_test: bool = False, **overrides
 ) -> L.Trainer:
-    """Trainer with CSV + TensorBoard loggers and atomic checkpoints in ``work_dir``.
+    """Trainer with the config's loggers (tasks/trackers.py: CSV + TensorBoard by default) and atomic checkpoints
+    in ``work_dir``.
 
     Args:
         cfg: the mmengine config (``trainer``, ``checkpoint_callback``, ``checkpoint_every_n_steps``...).
@@ -171,7 +173,8 @@ def build_trainer(
                     )
                 )
         if kwargs.get("logger", True) is True:
-            kwargs["logger"] = [CSVLogger(work_dir, name="logs"), TensorBoardLogger(work_dir, name="tb")]
+            kwargs["logger"] = build_loggers(cfg, work_dir)
+            callbacks.append(RunReport(cfg))
         if (
             is_iteration_based(kwargs)
             and kwargs.get("enable_progress_bar", True)

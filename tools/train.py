@@ -6,8 +6,9 @@
 Devices, nodes, strategy, precision... come from the config's ``trainer = dict(...)`` (lightning.Trainer
 kwargs), overridable like any key: ``--cfg-options trainer.devices=4 trainer.strategy=ddp``.
 The work dir (default ``work_dirs/<config stem>``) receives the resolved config, ``last.ckpt``, the best
-checkpoint when ``checkpoint_callback.monitor`` is set, CSV / TensorBoard logs and, at the end,
-``metrics.json`` (the last validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``.
+checkpoint when ``checkpoint_callback.monitor`` is set, CSV / TensorBoard logs (or the trackers of the config's
+``loggers`` section, see tasks/trackers.py and docs/training.md) and, at the end, ``metrics.json`` (the last
+validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``.
 ``--auto-scale-lr`` scales the lr to the real total batch size (see tasks/optim.py and docs/training.md).
 
 A process that fails prints ``rank R failed: <error>`` and exits with status 1; under Lightning's DDP
@@ -34,6 +35,7 @@ from tasks import build_task  # noqa: E402
 from tasks.checkpoint_io import write_json  # noqa: E402
 from tasks.config import default_work_dir, load_config  # noqa: E402
 from tasks.optim import enable_auto_scale_lr  # noqa: E402
+from tasks.trackers import finish_tracking  # noqa: E402
 from tasks.trainer import build_trainer  # noqa: E402
 
 
@@ -104,6 +106,7 @@ def main(argv=None, callbacks=()) -> dict:
         trainer.validate(module, datamodule=datamodule)
     if trainer.is_global_zero:
         write_json(osp.join(work_dir, "metrics.json"), module.val_metrics)
+    finish_tracking(trainer, module.val_metrics)
     return module.val_metrics
 
 
