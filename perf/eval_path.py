@@ -1,0 +1,380 @@
+"""Process memory of the whole evaluation path a user runs: ``tools/test.py`` and validation inside
+``tools/train.py``, against the same path with mmdet's / mmseg's own metric in place of ours.
+
+Each run is a child process (``python -m perf.eval_path --child ...``) that calls the tool's ``main`` with
+two extra Lightning callbacks: ``RssTrace`` (this process's RSS at the start of every evaluation epoch, after
+each batch, at the end of the loop and after the metric's compute) and, for the baseline, ``MMMetric``, which
+switches our evaluator off (``evaluate_test = False``) and feeds the library's metric (``CocoMetric`` /
+``IoUMetric``, with ``format_only`` for ``--format-only`` runs) as mmengine's ``Evaluator`` feeds it: the
+``to_dict()`` of every predicted sample. Everything else (data loading, the model's predict and its
+post-processing, Lightning's loop and callbacks) is the same code in both runs, so the difference is the
+metric. The data are the tiny-data generator's (``tools/make_tiny_data.py``), the model the demo config's at
+its initial weights with a test config that keeps 100 detections per image (masks at image size).
+
+Growth is measured from the RSS at the start of the evaluation epoch (after the first batch for ``loop``,
+so that the model's first-call allocations are not counted): ``loop`` to the end of the prediction loop,
+``peak`` to the highest RSS of the epoch, metric compute included. A child stops with an error when its RSS
+passes ``rss_limit_gib``, so that an unbounded growth cannot take the machine down.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import os.path as osp
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import lightning as L
+
+from .memory import peak_rss_gib, rss_gib
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET_CONFIG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py")
+SEG_CONFIG = osp.join(REPO, "configs/demo/upernet_hat-net-t_tiny-ade20k.py")
+# The demo Mask R-CNN at its initial weights keeps 100 detections per image (COCO's maxDets): every
+# proposal's class scores pass a zero threshold, and 300 proposals leave more than 100 boxes after NMS.
+DET_100_OPTIONS = (
+    "model.test_cfg.rcnn.score_thr=0.0",
+    "model.test_cfg.rcnn.max_per_img=100",
+    "model.test_cfg.rpn.max_per_img=300",
+    "model.test_cfg.rpn.nms_pre=1000",
+)
+
+
+def load_tool(name: str):
+    """``tools/NAME.py`` of this checkout as a module (tools/ is not a package; ``test`` would shadow the
+    stdlib's)."""
+    path = osp.join(REPO, "tools", f"{name}.py")
+    if not osp.isfile(path):
+        raise FileNotFoundError(f"{path} not found: perf.eval_path runs the tools of a source checkout")
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _reset_peak() -> None:
+    # Linux: writing 5 to clear_refs resets VmHWM (the peak RSS) to the current RSS
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+class RssTrace(L.Callback):
+    """Records this process's RSS (GiB) around every validation / test epoch (sanity checks excluded).
+
+    ``epochs`` holds one dict per evaluation epoch: ``start`` (before the first batch), ``first`` (after it),
+    ``batches`` (``[images seen, RSS]`` after every ``every``-th batch), ``loop_end`` (after the last batch,
+    before the metric's compute: callbacks' epoch-end hooks run before the module's), ``end`` (after compute,
+    and for ``trainer.test`` after every callback's end hook, e.g. the submission files written) and
+    ``peak`` (the highest RSS from ``start`` on: Linux resets the process's peak there), with ``images``,
+    ``loop_s``, ``total_s`` and, for detection tests, ``dets`` (the number of predicted instances).
+
+    Args:
+        limit_gib: raise ``MemoryError`` when the RSS passes this after a batch (None: no limit).
+        every: record every this many batches.
+    """
+
+    def __init__(self, limit_gib: float | None = None, every: int = 10) -> None:
+        self.limit_gib = limit_gib
+        self.every = every
+        self.epochs: list[dict] = []
+        self._batches = self._images = 0
+        self._t0 = 0.0
+
+    def _start(self, trainer) -> None:
+        if trainer.sanity_checking:
+            return
+        _reset_peak()
+        self._batches = self._images = 0
+        self._t0 = time.perf_counter()
+        self.epochs.append(dict(start=rss_gib(), batches=[]))
+
+    def _batch(self, trainer, outputs, batch) -> None:
+        if trainer.sanity_checking:
+            return
+        epoch = self.epochs[-1]
+        for sample in outputs if isinstance(outputs, list) else ():  # test steps return their predictions
+            if "pred_instances" in sample:
+                epoch["dets"] = epoch.get("dets", 0) + len(sample.pred_instances)
+        self._batches += 1
+        self._images += len(batch["data_samples"])
+        rss = rss_gib()
+        if self._batches == 1:
+            epoch["first"] = rss
+        if self._batches % self.every == 0:
+            epoch["batches"].append([self._images, rss])
+        if self.limit_gib is not None and rss > self.limit_gib:
+            raise MemoryError(
+                f"RssTrace: RSS {rss:.2f} GiB after {self._images} images passed the limit of "
+                f"{self.limit_gib} GiB (growth from the epoch start: {rss - epoch['start']:.2f} GiB)"
+            )
+
+    def _loop_end(self, trainer) -> None:
+        if not trainer.sanity_checking:
+            self.epochs[-1].update(loop_end=rss_gib(), images=self._images, loop_s=time.perf_counter() - self._t0)
+
+    def _end(self, trainer) -> None:
+        if trainer.sanity_checking or not self.epochs or "end" in self.epochs[-1]:
+            return
+        self.epochs[-1].update(end=rss_gib(), peak=peak_rss_gib(), total_s=time.perf_counter() - self._t0)
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._start(trainer)
+
+    def on_test_epoch_start(self, trainer, pl_module) -> None:
+        self._start(trainer)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch(trainer, outputs, batch)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch(trainer, outputs, batch)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        self._loop_end(trainer)
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        self._loop_end(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._end(trainer)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        # after every callback's on_test_end (SubmissionWriter writes its files there)
+        if stage == "test":
+            self._end(trainer)
+
+
+class MMMetric(L.Callback):
+    """The baseline: mmdet's ``CocoMetric`` / mmseg's ``IoUMetric`` in place of our evaluator in ``trainer.test``.
+
+    Turns the module's evaluator off (``evaluate_test = False``; the test steps still predict and hand their
+    samples to the callbacks) and feeds the library's metric with the ``to_dict()`` of every sample, as
+    mmengine's ``Evaluator.process`` does; ``Evaluator.evaluate``'s call at the epoch end. ``format_only``: the
+    metric in its format-only mode (COCO results json / label PNGs written into ``out_dir``).
+
+    Args:
+        format_only: the metric's ``format_only`` mode (no metrics; files written).
+        out_dir: where format-only files go (a temporary directory of the process by default).
+    """
+
+    def __init__(self, format_only: bool = False, out_dir: str | None = None) -> None:
+        self.format_only = format_only
+        self.out_dir = out_dir
+        self.metric = None
+        self.size = 0
+        self.metrics: dict = {}
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        pl_module.evaluate_test = False
+        dataset = trainer.datamodule.dataset("test")
+        self.size = len(dataset)
+        out_dir = self.out_dir or tempfile.mkdtemp(prefix="mm-format-")
+        if pl_module.scope == "mmdet":
+            from mmdet.evaluation import CocoMetric
+
+            iou_types = ["bbox", "segm"] if getattr(pl_module.model, "with_mask", False) else ["bbox"]
+            kwargs = dict(format_only=True, outfile_prefix=osp.join(out_dir, "results")) if self.format_only else {}
+            self.metric = CocoMetric(ann_file=dataset.ann_file, metric=iou_types, classwise=True, **kwargs)
+        else:
+            from mmseg.evaluation import IoUMetric
+
+            kwargs = dict(format_only=True, output_dir=out_dir) if self.format_only else {}
+            self.metric = IoUMetric(iou_metrics=["mIoU"], **kwargs)
+        self.metric.dataset_meta = dataset.metainfo
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.metric.process({}, [sample.to_dict() for sample in outputs])
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        self.metrics = {k: float(v) for k, v in self.metric.evaluate(self.size).items() if not isinstance(v, str)}
+
+
+# ---- child process --------------------------------------------------------------------------------------
+def _child(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m perf.eval_path --child")
+    parser.add_argument("--child", action="store_true")
+    parser.add_argument("--tool", choices=["test", "train", "checkpoint"], required=True)
+    parser.add_argument("--impl", choices=["ours", "mm", "mm-format"], default="ours")
+    parser.add_argument("--trace", required=True, help="JSON file for the trace")
+    parser.add_argument("--limit-gib", type=float)
+    parser.add_argument("tool_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    tool_args = args.tool_args[1:] if args.tool_args[:1] == ["--"] else args.tool_args
+    if args.tool == "checkpoint":  # CONFIG PATH OPTION...: a plain checkpoint at the initial weights
+        _write_checkpoint(*tool_args[:2], tool_args[2:])
+        with open(args.trace, "w") as f:
+            json.dump(dict(tool=args.tool, path=tool_args[1]), f)
+        return
+    trace = RssTrace(args.limit_gib)
+    callbacks = [trace]
+    if args.impl != "ours":
+        callbacks.append(MMMetric(format_only=args.impl == "mm-format"))
+    t0, error, metrics = time.perf_counter(), None, {}
+    try:
+        result = load_tool(args.tool).main(tool_args, callbacks=callbacks)
+        metrics = {k: v for k, v in (result or {}).items() if k != "per_class"}
+    except MemoryError as e:
+        error = str(e)
+    if args.impl != "ours":
+        metrics = callbacks[1].metrics
+    out = dict(
+        tool=args.tool,
+        impl=args.impl,
+        epochs=trace.epochs,
+        metrics=metrics,
+        error=error,
+        wall_s=time.perf_counter() - t0,
+        process_peak=peak_rss_gib(),
+    )
+    with open(args.trace, "w") as f:
+        json.dump(out, f)
+
+
+def _write_checkpoint(config: str, path: str, options: list[str]) -> None:
+    import argparse
+
+    import torch
+    from mmengine.config import DictAction
+
+    from tasks import build_task
+    from tasks.config import load_config
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default={})
+    cfg = load_config(config, parser.parse_args(["--cfg-options", *options] if options else []).cfg_options)
+    torch.manual_seed(0)
+    module, _ = build_task(cfg, init_weights=True)
+    torch.save({"state_dict": module.model.state_dict()}, path)
+
+
+# ---- driver -------------------------------------------------------------------------------------------
+def make_data(root: str, coco_val: int = 0, ade_val: int = 0, coco_train: int = 1, ade_train: int = 1) -> str:
+    """The tiny COCO / ADE20K sets of ``tools/make_tiny_data.py`` under ``root`` (kept when a previous call
+    wrote the same sizes); returns ``root``."""
+    spec = dict(coco_val=coco_val, ade_val=ade_val, coco_train=coco_train, ade_train=ade_train)
+    stamp = osp.join(root, "eval_path_data.json")
+    if osp.isfile(stamp):
+        with open(stamp) as f:
+            if json.load(f) == spec:
+                return root
+    cmd = [sys.executable, osp.join(REPO, "tools", "make_tiny_data.py"), "--out", root]
+    cmd += ["--coco-train", str(coco_train), "--coco-val", str(max(coco_val, 1))]
+    cmd += ["--ade-train", str(ade_train), "--ade-val", str(max(ade_val, 1))]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(stamp, "w") as f:
+        json.dump(spec, f)
+    return root
+
+
+def _env() -> dict:
+    # the children import this checkout's packages (tasks, backbones, perf), as the tools do
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_child(tool: str, impl: str, tool_args: list[str], work: str, label: str, limit_gib: float | None) -> dict:
+    """One child process; returns its trace (``error`` set when it stopped at the RSS limit). Its output goes
+    to ``work/LABEL.log``."""
+    trace = osp.join(work, f"{label}.json")
+    cmd = [sys.executable, "-m", "perf.eval_path", "--child", "--tool", tool, "--impl", impl, "--trace", trace]
+    if limit_gib is not None:
+        cmd += ["--limit-gib", str(limit_gib)]
+    with open(osp.join(work, f"{label}.log"), "w") as log:
+        proc = subprocess.run([*cmd, "--", *tool_args], env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{label}: child exited with status {proc.returncode}; see {osp.join(work, label)}.log")
+    with open(trace) as f:
+        return json.load(f)
+
+
+def checkpoint(config: str, options: list[str], path: str) -> str:
+    """A plain checkpoint of the config's model at its initial weights (seed 0), written once."""
+    if not osp.isfile(path):
+        run_child("checkpoint", "ours", [config, path, *options], osp.dirname(path), "checkpoint", None)
+    return path
+
+
+def _summary(trace: dict, epoch: int = -1) -> dict:
+    e = trace["epochs"][epoch]
+    return dict(
+        images=e["images"],
+        dets_per_image=e.get("dets", 0) / max(1, e["images"]),
+        start=e["start"],
+        loop_growth=e["loop_end"] - e["first"],
+        end_growth=e["end"] - e["start"],
+        peak_growth=e["peak"] - e["start"],
+        peak=e["peak"],
+        loop_s=e["loop_s"],
+        total_s=e["total_s"],
+    )
+
+
+def measure_test(
+    task: str, images: int, rounds: int, work: str, format_only: bool = False, limit_gib: float | None = 3.5
+) -> list[dict]:
+    """``tools/test.py`` on ``images`` generated images (``task`` 'det': Mask R-CNN with 100 masks per image;
+    'seg': UPerNet), ours and the mm metric alternating for ``rounds`` rounds; one summary per run."""
+    os.makedirs(work, exist_ok=True)
+    root = osp.join(work, "data")
+    make_data(root, coco_val=images if task == "det" else 0, ade_val=images if task == "seg" else 0)
+    config, dataset = (DET_CONFIG, "tiny_coco") if task == "det" else (SEG_CONFIG, "tiny_ade20k")
+    options = list(DET_100_OPTIONS) if task == "det" else []
+    ckpt = checkpoint(config, options, osp.join(work, f"{task}_init.pth"))
+    options += [f"test_dataloader.dataset.data_root={osp.join(root, dataset)}/", "trainer.enable_progress_bar=False"]
+    runs = []
+    for r in range(rounds):
+        for impl in ("ours", "mm"):
+            label = f"{task}_{'format' if format_only else 'eval'}_{impl}_{r}"
+            out_dir = osp.join(work, label)
+            args = [config, ckpt, "--work-dir", out_dir, "--cfg-options", *options]
+            if format_only and impl == "ours":
+                args = [*args[:4], "--format-only", "--out-dir", osp.join(out_dir, "submission"), *args[4:]]
+            trace = run_child(
+                "test", "mm-format" if format_only and impl == "mm" else impl, args, work, label, limit_gib
+            )
+            shutil.rmtree(out_dir, ignore_errors=True)
+            runs.append(dict(label=label, impl=impl, round=r, error=trace["error"], metrics=trace["metrics"]))
+            if trace["epochs"] and "end" in trace["epochs"][-1]:
+                runs[-1].update(_summary(trace))
+    return runs
+
+
+def measure_validation(images: int, epochs: int, work: str, limit_gib: float | None = 3.5) -> dict:
+    """``tools/train.py`` on the demo Mask R-CNN with ``images`` generated validation images (100 masks each),
+    a validation after each of ``epochs`` short epochs (8 training images); the RSS after each validation."""
+    os.makedirs(work, exist_ok=True)
+    root = make_data(osp.join(work, "data_val"), coco_val=images, coco_train=8)
+    coco = osp.join(root, "tiny_coco") + "/"
+    options = [
+        *DET_100_OPTIONS,
+        f"train_dataloader.dataset.data_root={coco}",
+        f"val_dataloader.dataset.data_root={coco}",
+        f"trainer.max_epochs={epochs}",
+        "trainer.check_val_every_n_epoch=1",
+        "trainer.enable_progress_bar=False",
+    ]
+    out_dir = osp.join(work, "train_val")
+    trace = run_child(
+        "train", "ours", [DET_CONFIG, "--work-dir", out_dir, "--cfg-options", *options], work, "train_val", limit_gib
+    )
+    shutil.rmtree(out_dir, ignore_errors=True)
+    epochs_out = [_summary(trace, k) for k in range(len(trace["epochs"]))]
+    after = [e["end"] for e in trace["epochs"]]
+    return dict(error=trace["error"], epochs=epochs_out, after_validation=after, ratio_last_first=after[-1] / after[0])
+
+
+if __name__ == "__main__":
+    if "--child" in sys.argv[1:2]:
+        _child(sys.argv[1:])

