@@ -5,15 +5,7 @@ Lightning owns the loop (devices, DDP, AMP, checkpoints, logging); the mm model 
 its losses (``parse_losses``) and its ``predict`` post-processing. Evaluation is a torchmetrics evaluator
 (``tasks/metrics.py``) updated per batch and computed once per epoch.
 
-Non-finite losses: the top-level config key ``nonfinite_loss`` says what a NaN / inf loss does.
-``'raise'`` (default) stops training with a ``FloatingPointError`` naming the step and the non-finite loss
-terms; the checkpoints on disk are from before that step. ``'skip'`` skips the optimizer step (no update,
-no momentum or weight decay, no clipping; BatchNorm running statistics are put back as they were before
-the step), warns, and logs the running count as ``train/skipped_nonfinite``. The skipped step still counts
-towards ``max_steps`` and the LR schedule advances; with gradient accumulation the window's step is skipped.
-Under DDP the ranks agree (one all-reduce of a flag per step), so all skip or all stop together; a skipped
-step backpropagates a zero loss on every rank, so that DDP's gradient all-reduce runs as on any other step
-(Lightning refuses a ``None`` step under DDP).
+Non-finite losses follow the config's ``nonfinite_loss`` policy (tasks/nonfinite.py).
 
 State that is not the task's own lives in Lightning callbacks (tasks/callbacks.py, added by
 ``tasks.trainer.build_trainer``): the RNG states saved in checkpoints and restored on resume, BatchNorm
@@ -23,12 +15,10 @@ weights.
 
 from __future__ import annotations
 
-import logging
 import math
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.optim.scheduler.param_scheduler import _ParamScheduler
@@ -36,12 +26,10 @@ from mmengine.registry import Registry
 from torch.optim import Optimizer
 from torchmetrics import Metric
 
-from .callbacks import world_size
 from .config import build_from_registry, config_text, register_scope
+from .nonfinite import NonFiniteLossPolicy
 from .optim import build_optimizer, build_schedulers, scale_lr
-
-log = logging.getLogger(__name__)
-NONFINITE_MODES = ("raise", "skip")
+from .tta import TTAPredictor
 
 
 class MMTaskModule(L.LightningModule):
@@ -61,9 +49,10 @@ class MMTaskModule(L.LightningModule):
         evaluator: the torchmetrics evaluator of ``build_evaluator``.
         val_metrics: the last validation metrics (also stored in checkpoints as ``val_metrics``).
         test_metrics: the metrics of the last ``trainer.test``.
+        tta: the ``TTAPredictor`` that test steps predict with (``tasks.tta.enable_tta``), or None.
         evaluate_test: False makes test steps only predict, without ground truth or metrics
             (``tools/test.py --format-only``); True by default.
-        skipped_nonfinite: steps skipped for a non-finite loss so far (``nonfinite_loss='skip'``).
+        nonfinite: the ``nonfinite_loss`` policy and its state (``NonFiniteLossPolicy``).
     """
 
     scope: str = ""
@@ -83,12 +72,8 @@ class MMTaskModule(L.LightningModule):
         self.val_metrics: dict = {}
         self.test_metrics: dict = {}
         self.evaluate_test = True
-        self.__dict__["_tta"] = None  # see enable_tta
-        self.nonfinite_loss = self.cfg.get("nonfinite_loss") or "raise"
-        if self.nonfinite_loss not in NONFINITE_MODES:
-            raise ValueError(f"nonfinite_loss must be one of {NONFINITE_MODES}, got {self.nonfinite_loss!r}")
-        self.skipped_nonfinite = 0
-        self._skip_optimizer_step = False
+        self.tta: TTAPredictor | None = None  # tasks.tta.enable_tta sets it
+        self.nonfinite = NonFiniteLossPolicy(self.cfg.get("nonfinite_loss"))
 
     # ---- subclass hooks -------------------------------------------------------------------------
     @staticmethod
@@ -121,113 +106,31 @@ class MMTaskModule(L.LightningModule):
     # ---- steps -----------------------------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         data = self._preprocess(batch, training=True)
-        # 'skip': the forward of a step that turns out non-finite must leave no trace either; it would
-        # otherwise have moved BatchNorm running statistics (to NaN, for a batch of NaN images).
-        buffers = [b.clone() for b in self.model.buffers()] if self.nonfinite_loss == "skip" else None
-        losses = self.model(**data, mode="loss")
+        batch_size = len(data["data_samples"])
+        with self.nonfinite.guard(self.model) as step:
+            losses = self.model(**data, mode="loss")
         loss, log_vars = self.model.parse_losses(losses)
-        if self._nonfinite(loss):
-            if buffers is not None:
-                with torch.no_grad():
-                    for b, before in zip(self.model.buffers(), buffers):
-                        b.copy_(before)
-            return self._nonfinite_step(log_vars, batch_idx, len(data["data_samples"]))
-        # Per-rank values, logged on step only: no collective in the hot loop.
-        self.log_dict(
-            {f"train/{k}": v for k, v in log_vars.items()},
-            on_step=True,
-            on_epoch=False,
-            batch_size=len(data["data_samples"]),
-        )
-        self.log(
-            "loss",
-            log_vars["loss"],
-            prog_bar=True,
-            logger=False,
-            on_step=True,
-            on_epoch=False,
-            batch_size=len(data["data_samples"]),
-        )
-        self.log(
-            "train/lr",
-            self.trainer.optimizers[0].param_groups[0]["lr"],
-            on_step=True,
-            on_epoch=False,
-            batch_size=len(data["data_samples"]),
-        )
-        if self.skipped_nonfinite:
-            self.log(
-                "train/skipped_nonfinite",
-                float(self.skipped_nonfinite),
-                on_step=True,
-                on_epoch=False,
-                batch_size=len(data["data_samples"]),
-            )
+        if step.nonfinite(loss):
+            where = f"step {self.global_step} (epoch {self.current_epoch}, batch {batch_idx}, rank {self.global_rank})"
+            loss = step.skip(log_vars, where, self.parameters())
+        else:
+            # Per-rank values, logged on step only: no collective in the hot loop.
+            self.log_dict({f"train/{k}": v for k, v in log_vars.items()}, on_step=True, batch_size=batch_size)
+            self.log("loss", log_vars["loss"], prog_bar=True, logger=False, on_step=True, batch_size=batch_size)
+            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+            self.log("train/lr", lr, on_step=True, batch_size=batch_size)
+        if self.nonfinite.skipped:
+            self.log("train/skipped_nonfinite", float(self.nonfinite.skipped), on_step=True, batch_size=batch_size)
         return loss
-
-    def _nonfinite(self, loss: torch.Tensor) -> bool:
-        flag = (~torch.isfinite(loss.detach())).any().float().reshape(1)
-        if world_size() > 1:  # every rank must take the same branch, or DDP's gradient all-reduce desyncs
-            dist.all_reduce(flag)
-        return bool(flag.item())
-
-    def _nonfinite_step(self, log_vars: dict, batch_idx: int, batch_size: int) -> torch.Tensor:
-        vals = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in log_vars.items()}
-        bad = {k: v for k, v in vals.items() if not math.isfinite(v)}
-        rank = self.global_rank
-        where = f"step {self.global_step} (epoch {self.current_epoch}, batch {batch_idx}, rank {rank})"
-        terms = (
-            ", ".join(f"{k}={v}" for k, v in bad.items())
-            if bad
-            else "all terms finite on this rank; non-finite on another rank"
-        )
-        if self.nonfinite_loss == "raise":
-            raise FloatingPointError(
-                f"non-finite loss at {where}: {terms} (all terms: "
-                f"{', '.join(f'{k}={v:.4g}' for k, v in vals.items())}). Training stopped; the "
-                "checkpoints on disk are from earlier steps. Lower the learning rate / enable gradient "
-                "clipping, or set nonfinite_loss='skip' in the config to skip such steps."
-            )
-        self.skipped_nonfinite += 1
-        log.warning("skipping non-finite loss at %s: %s (%d skipped so far)", where, terms, self.skipped_nonfinite)
-        self.log(
-            "train/skipped_nonfinite",
-            float(self.skipped_nonfinite),
-            on_step=True,
-            on_epoch=False,
-            batch_size=batch_size,
-        )
-        self._skip_optimizer_step = True  # read by optimizer_step
-        # A zero that reaches every trainable parameter: its backward gives each a zero gradient on every rank
-        # (DDP all-reduces them as usual) whatever the non-finite activations held.
-        return sum(p.sum() for p in self.parameters() if p.requires_grad) * 0.0
-
-    # ---- test-time augmentation ------------------------------------------------------------------
-    def enable_tta(self) -> None:
-        """Predict with the config's ``tta_model`` (mmseg ``SegTTAModel``, mmdet ``DetTTAModel``) wrapping this
-        model as its ``module``, as mmengine's Runner does for ``--tta``. The eval data must then come from the
-        config's ``tta_pipeline`` (mm's ``TestTimeAug``: each batch holds one list per augmented view)."""
-        if self.cfg.get("tta_model") is None:
-            raise ValueError(
-                "--tta: the config defines no tta_model (e.g. "
-                "tta_model = dict(type='SegTTAModel') with a tta_pipeline; see docs/evaluation.md)"
-            )
-        tta = build_from_registry(self.models_registry(), dict(self.cfg.tta_model, module=self.model), "tta_model")
-        self.check_tta(tta)
-        # Kept out of the module tree: the TTA model holds self.model as a child, and registering it would
-        # add every weight a second time (``_tta.module.*``) to the state dict and to checkpoint loading.
-        self.__dict__["_tta"] = tta
 
     def check_tta(self, tta: torch.nn.Module) -> None:
         """Subclasses refuse TTA models that cannot merge this model's predictions (with a ValueError)."""
 
+    # ---- evaluation ------------------------------------------------------------------------------
     def _predict(self, batch: dict) -> list:
-        tta = self.__dict__.get("_tta")
-        if tta is not None:
-            # BaseTTAModel.test_step splits the batch into one batch per view, runs the wrapped model's own
-            # test_step (data_preprocessor + predict) on each and merges the views of every image.
+        if self.tta is not None:
             self._sync_preprocessor_device()
-            return tta.test_step(batch)
+            return self.tta(batch)
         data = self._preprocess(batch, training=False)
         return self.model(**data, mode="predict")
 
@@ -282,20 +185,19 @@ class MMTaskModule(L.LightningModule):
         # mmengine Config objects.
         checkpoint["mm_config"] = config_text(self.cfg)
         checkpoint["val_metrics"] = dict(self.val_metrics)
-        checkpoint["skipped_nonfinite"] = self.skipped_nonfinite
+        checkpoint.update(self.nonfinite.state_dict())
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.skipped_nonfinite = int(checkpoint.get("skipped_nonfinite", 0))
+        self.nonfinite.load_state_dict(checkpoint)
 
     # ---- optimisation ----------------------------------------------------------------------------
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        if self.nonfinite_loss != "skip":
+        if self.nonfinite.mode != "skip":
             return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         # The closure (training_step + backward) runs first, so that a step found non-finite never reaches
         # the optimizer (nor gradient clipping or the AMP scaler); a finite one steps on the loss it returned.
         loss = optimizer_closure()
-        if self._skip_optimizer_step:
-            self._skip_optimizer_step = False
+        if self.nonfinite.take_skip():
             return None
         return optimizer.step(closure=lambda: loss)
 

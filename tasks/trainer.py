@@ -6,7 +6,7 @@ listing the valid ones). Defaults come from the mm sections when the trainer sec
 clipping) and ``optim_wrapper.accumulative_counts`` (gradient accumulation). ``loggers = [dict(type=...), ...]``
 holds Lightning logger classes (experiment trackers: tasks/trackers.py).
 
-Top-level reliability keys (besides ``nonfinite_loss``, see tasks/base.py):
+Top-level reliability keys (besides ``nonfinite_loss``, see tasks/nonfinite.py):
 
 * ``checkpoint_every_n_steps = N``: also write ``last.ckpt`` every N optimizer steps (a second
   ModelCheckpoint, independent of ``checkpoint_callback.monitor``), so that a killed job resumes with

@@ -309,7 +309,7 @@ class NaNImagesOnRank1(L.Callback):
 
     def on_train_end(self, trainer, module):
         finite = all(bool(torch.isfinite(t).all()) for t in module.state_dict().values() if t.is_floating_point())
-        self.record.update(final=hashes(module), finite=finite, skipped=module.skipped_nonfinite,
+        self.record.update(final=hashes(module), finite=finite, skipped=module.nonfinite.skipped,
                            batches=self.batches + 1)
         with open(os.path.join({out!r}, f'rank{{trainer.global_rank}}.json'), 'w') as f:
             json.dump(self.record, f)

@@ -16,6 +16,7 @@ from PIL import Image
 
 from tasks import build_task
 from tasks.config import register_scope
+from tasks.tta import enable_tta
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_cfg, load_tool, random_checkpoint, write_image_info
 
 SLIDE = ["model.test_cfg.mode=slide", "model.test_cfg.crop_size=(64,64)", "model.test_cfg.stride=(43,43)"]
@@ -242,6 +243,7 @@ def test_tta_refused_where_it_cannot_work(data_dir, tmp_path):
     # Mask R-CNN: DetTTAModel would stop with an AssertionError deep inside mmdet
     cfg = load_cfg(DET_CFG, data_opts(data_dir, "tiny_coco"))
     cfg.tta_model = dict(type="DetTTAModel", tta_cfg=dict(nms=dict(type="nms", iou_threshold=0.5), max_per_img=100))
+    cfg.tta_pipeline = cfg.test_dataloader.dataset.pipeline
     module, _ = build_task(cfg, init_weights=False)
     with pytest.raises(ValueError, match="no instance masks"):
-        module.enable_tta()
+        enable_tta(cfg, module)

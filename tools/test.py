@@ -37,6 +37,7 @@ from tasks.checkpoint_io import load_checkpoint_safely, write_json  # noqa: E402
 from tasks.config import default_work_dir, load_config  # noqa: E402
 from tasks.submission import SubmissionWriter  # noqa: E402
 from tasks.trainer import build_trainer  # noqa: E402
+from tasks.tta import enable_tta  # noqa: E402
 from tasks.visualize import PredictionWriter  # noqa: E402
 
 
@@ -111,17 +112,6 @@ def format_per_class_table(per_class: dict) -> str:
     return "\n\n".join(tables)
 
 
-def use_tta_pipeline(cfg, config_path: str) -> None:
-    """Test on the config's ``tta_pipeline`` (as mmengine's Runner does for ``--tta``)."""
-    missing = [key for key in ("tta_model", "tta_pipeline") if cfg.get(key) is None]
-    if missing:
-        raise ValueError(
-            f"--tta: {config_path} defines no {' / '.join(missing)}. Inherit them from an mmseg "
-            'ADE20K base or define them as mmdet does (docs/evaluation.md, "Evaluation protocols")'
-        )
-    cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
-
-
 def without_annotation_loading(pipeline: list) -> list:
     """The pipeline without its ``LoadAnnotations`` steps, also inside ``TestTimeAug``: ``--format-only`` needs no
     ground truth, and test-server images have none."""
@@ -143,23 +133,20 @@ def main(argv=None, callbacks=()) -> dict:
     if args.format_only and not args.out_dir:
         raise SystemExit("--format-only writes submission files only: give the directory with --out-dir DIR")
     cfg = load_config(args.config, args.cfg_options)
-    if args.tta:
-        use_tta_pipeline(cfg, args.config)
     if args.format_only:  # no ground truth: none loaded, none needed on disk
         dataset = cfg.test_dataloader.dataset
         dataset.pipeline = without_annotation_loading(dataset.pipeline)
         (dataset.get("data_prefix") or {}).pop("seg_map_path", None)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
+    module, datamodule = build_task(cfg, init_weights=False)  # the checkpoint provides every weight
+    if args.tta:
+        enable_tta(cfg, module, args.config)
     if not osp.exists(args.checkpoint):
         raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
     # weights_only + allow-list: a checkpoint holding other Python objects is refused, never unpickled
     is_lightning = osp.isdir(args.checkpoint) or "pytorch-lightning_version" in load_checkpoint_safely(args.checkpoint)
-
-    module, datamodule = build_task(cfg, init_weights=False)  # the checkpoint provides every weight
     if not is_lightning:
         load_plain_checkpoint(module, args.checkpoint)
-    if args.tta:
-        module.enable_tta()
     module.evaluate_test = not args.format_only
     callbacks = list(callbacks)
     if args.show_dir:
