@@ -128,3 +128,19 @@ class MMDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader("test")
+
+
+def without_annotation_loading(pipeline: list) -> list:
+    """The pipeline without its ``LoadAnnotations`` steps, also inside ``TestTimeAug``: ``tools/test.py
+    --format-only`` and ``tools/infer.py`` need no ground truth, and test-server images have none."""
+
+    def keep(step) -> bool:
+        return not str(step.get("type", "")).endswith("LoadAnnotations")
+
+    out = []
+    for step in filter(keep, pipeline):
+        if step.get("type") == "TestTimeAug":  # a list of alternatives per stage; a stage left empty goes
+            stages = [[t for t in stage if keep(t)] for stage in step["transforms"]]
+            step = dict(step, transforms=[stage for stage in stages if stage])
+        out.append(step)
+    return out

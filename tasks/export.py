@@ -76,7 +76,7 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
     Args:
         path: the checkpoint file.
 
-    Raises ``CheckpointError`` for a file that is neither (e.g. a backbone export: ``load_pretrained`` reads those).
+    Raises ``CheckpointError`` for a file that is neither, backbone exports included (``load_pretrained`` reads those).
     """
     path = os.fspath(path)
     obj, _ = read_checkpoint(path)
@@ -91,6 +91,11 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
     if "pytorch-lightning_version" in obj or (sd and all(k.startswith("model.") for k in sd)):
         return _read_lightning(path, obj, sd)
     meta = dict(obj.get("meta") or {})
+    if "export_version" in meta and "family" in meta:
+        raise CheckpointError(
+            f"{path!r} is a backbone export ({meta['family']}, tools/export_backbone.py), not a whole model: load it "
+            "with backbones.load_pretrained or a backbone init_cfg=dict(type='Pretrained', checkpoint=...)."
+        )
     sd = {k.removeprefix("module."): v for k, v in sd.items()}
     metrics = meta.get("metrics") if isinstance(meta.get("metrics"), Mapping) else {}
     return TrainingCheckpoint(
@@ -239,22 +244,30 @@ def backbone_tensors(model_sd: Mapping[str, torch.Tensor], source: str) -> dict[
     return sd
 
 
-def check_against_model(sd: Mapping[str, torch.Tensor], model: torch.nn.Module, source: str) -> None:
-    """The tensors must be exactly the state dict of the model the config builds: same keys, same shapes."""
+def check_against_model(
+    sd: Mapping[str, torch.Tensor],
+    model: torch.nn.Module,
+    source: str,
+    fix: str = "Pass the config the model was trained with (--config).",
+) -> None:
+    """The tensors must be exactly the state dict of the model the config builds: same keys, same shapes.
+
+    Args:
+        sd: the tensors.
+        model: the model the config builds.
+        source: where the tensors come from, for the message.
+        fix: the last sentence of the message: what to do.
+    """
     family = getattr(model, "family", None)
     found = detect_family(sd) if family else None
     if found not in (None, family):
         raise CheckpointError(
-            f"{source} holds a {found} backbone, but the config describes {type(model).__name__}. "
-            "Pass the config the model was trained with (--config)."
+            f"{source} holds a {found} backbone, but the config describes {type(model).__name__}. {fix}"
         )
     diff = state_dict_diff(sd, model.state_dict())
     if diff:
         what = f"model.backbone ({type(model).__name__}, arch {model.arch})" if family else "model"
-        raise CheckpointError(
-            f"{source} does not match the config's {what}. {diff} Pass the config the model "
-            "was trained with (--config)."
-        )
+        raise CheckpointError(f"{source} does not match the config's {what}. {diff} {fix}")
 
 
 # --- exports ---------------------------------------------------------------------------------------------

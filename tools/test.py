@@ -35,6 +35,7 @@ from mmengine.config import DictAction  # noqa: E402
 from tasks import build_task  # noqa: E402
 from tasks.checkpoint_io import load_checkpoint_safely, write_json  # noqa: E402
 from tasks.config import default_work_dir, load_config  # noqa: E402
+from tasks.data import without_annotation_loading  # noqa: E402
 from tasks.submission import SubmissionWriter  # noqa: E402
 from tasks.trainer import build_trainer  # noqa: E402
 from tasks.tta import enable_tta  # noqa: E402
@@ -110,22 +111,6 @@ def format_per_class_table(per_class: dict) -> str:
             lines.append(f"{c:<{width}}  " + "  ".join(cells))
         tables.append("\n".join(lines))
     return "\n\n".join(tables)
-
-
-def without_annotation_loading(pipeline: list) -> list:
-    """The pipeline without its ``LoadAnnotations`` steps, also inside ``TestTimeAug``: ``--format-only`` needs no
-    ground truth, and test-server images have none."""
-
-    def keep(step) -> bool:
-        return not str(step.get("type", "")).endswith("LoadAnnotations")
-
-    out = []
-    for step in filter(keep, pipeline):
-        if step.get("type") == "TestTimeAug":  # a list of alternatives per stage; a stage left empty goes
-            stages = [[t for t in stage if keep(t)] for stage in step["transforms"]]
-            step = dict(step, transforms=[stage for stage in stages if stage])
-        out.append(step)
-    return out
 
 
 def main(argv=None, callbacks=()) -> dict:
