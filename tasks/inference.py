@@ -33,17 +33,15 @@ from collections.abc import Sequence
 
 import cv2
 import torch
+from mmdet.apis.det_inferencer import IMG_EXTENSIONS  # what DetInferencer takes from a folder
 from PIL import Image
 
 from backbones.atomic import atomic_write
-from backbones.pretrained import CheckpointError, load_pretrained
+from backbones.pretrained import CheckpointError, check_checkpoint_path, load_pretrained
 
 from .config import load_config, register_scope
 from .data import without_annotation_loading
 from .export import check_against_model, dataset_meta, read_training_checkpoint
-
-# mmdet's DetInferencer reads these from a folder
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 class InputError(ValueError):
@@ -96,6 +94,7 @@ def find_images(inputs: Sequence[str]) -> list[str]:
 def load_weights(model: torch.nn.Module, checkpoint: str, config_path: str) -> str:
     """Load ``checkpoint`` into the mm ``model`` built from the config; returns what it was (``'lightning'``,
     ``'mm'`` or ``'backbone'``). A file that does not fit the config raises ``CheckpointError``."""
+    check_checkpoint_path(checkpoint)  # a missing file or a URL: said once, before trying what the file holds
     try:
         ckpt = read_training_checkpoint(checkpoint)
     except CheckpointError as not_a_model:

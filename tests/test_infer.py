@@ -127,6 +127,8 @@ def test_backbone_export_loads_only_the_backbone_with_a_warning(det_run, tmp_pat
 def test_checkpoint_that_does_not_fit_the_config_is_refused(det_run, seg_run, tmp_path):
     det_ckpt, det_config = det_run
     seg_ckpt, seg_config = seg_run
+    with pytest.raises(CheckpointError, match=r"Checkpoint file not found: '.*missing.ckpt'"):
+        build_inferencer(det_config, str(tmp_path / "missing.ckpt"), device="cpu")
     with pytest.raises(CheckpointError, match=r"does not match the config's model.*trained with instead of"):
         build_inferencer(det_config, seg_ckpt, device="cpu")
     export = str(tmp_path / "hatnet.pth")
