@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import _fast_paths
+from . import _ops
 
 MIN_INPUT_SIZE = 32
 NUM_STAGES = 4
 
 
-# Memory layout. With fast paths on, both backbones run their feature maps in ``torch.channels_last`` memory
-# (logical NCHW shape, NHWC strides): oneDNN's NHWC convolutions measured faster on CPU, the channel
-# LayerNorms need no permute copies, and the attention's q/k/v/out reshapes become views with a contiguous
-# head dim (docs/performance.md, "Fast paths"). With fast paths off they run the official contiguous NCHW
-# layout. Values are unchanged (same math; only summation order inside oneDNN may differ).
+# Feature maps are NCHW; the attention math reads them NHWC. Under fast paths they are channels_last in memory
+# (``_ops.to_internal``), so these permutes are free views there.
 def nhwc(x: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) -> (B, H, W, C) view (contiguous when x is channels_last)."""
     return x.permute(0, 2, 3, 1)
@@ -29,17 +28,29 @@ def nchw(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 3, 1, 2)
 
 
-def internal_layout(x: torch.Tensor) -> torch.Tensor:
-    """x in the memory layout the backbones compute in: channels_last with fast paths on, else contiguous NCHW
-    (a no-op when x is in it already)."""
-    return x.contiguous(memory_format=torch.channels_last if _fast_paths.enabled() else torch.contiguous_format)
-
-
 def shape_dependent_branches_traced() -> bool:
     """True while torch.jit traces the model (the ONNX export): code that skips work for some input sizes
     (padding to whole windows, masks) must then take the general branch, since the trace records only the
     branch taken at the export size."""
     return torch.jit.is_tracing()
+
+
+def pad_to_multiple(x: torch.Tensor, multiple: tuple[int, int], dims: tuple[int, int] = (2, 3)) -> torch.Tensor:
+    """x zero-padded at the end of its height and width dims (``dims``) to multiples of ``multiple`` (h, w):
+    whole super tokens / windows (the official right/bottom padding). Unpadded when they divide, except while
+    tracing (``shape_dependent_branches_traced``)."""
+    pads = [(-x.shape[d]) % m for d, m in zip(dims, multiple)]
+    if not shape_dependent_branches_traced() and not any(pads):
+        return x
+    spec = [0] * (2 * (x.dim() - dims[0]))  # F.pad lists (start, end) pairs from the last dim backwards
+    for d, p in zip(dims, pads):
+        spec[2 * (x.dim() - 1 - d) + 1] = p
+    return F.pad(x, spec)
+
+
+class Probe(nn.Identity):
+    """A named point in a forward where a quantity of the paper passes (an identity): forward hooks on it see
+    the quantity (``backbones.attention_maps`` records through them)."""
 
 
 class DropPath(nn.Module):
@@ -188,7 +199,10 @@ class StagedBackbone(nn.Module):
     def _run_blocks(self, blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
         for blk in blocks:
             if self.with_cp and x.requires_grad:
-                x = checkpoint(blk, x, use_reentrant=False, context_fn=_fast_paths.same_paths_in_recomputation())
+                # the recomputation in backward runs the block with the op set of this forward (a compiled
+                # graph has its ops fixed already)
+                fn = blk if torch.compiler.is_compiling() else functools.partial(_ops.run_with, _ops.active(), blk)
+                x = checkpoint(fn, x, use_reentrant=False)
             else:
                 x = blk(x)
         return x

@@ -1,25 +1,27 @@
-"""Memory and speed kernels behind the model files' fast paths (``backbones.fast_paths``).
+"""Memory and speed kernels behind the model files' fast paths (``backbones.fast_paths``, ``_ops.fast_ops``).
 
-Each kernel computes what the plain module code computes, values and gradients
-(``tests/test_perf_equivalence.py``); the model files call them only with fast paths on, and each one checks
-that the modules it is handed are the kind it was written for, falling back to the plain composition
-otherwise. Why each exists, and what it measured, is in docs/performance.md ("Fast paths").
+Each kernel computes what the plain formulation in ``_ops`` computes, values and gradients
+(``tests/test_perf_equivalence.py``); the model files reach them through ``_ops`` with fast paths on, and each
+one checks that the modules it is handed are the kind it was written for, falling back to the plain
+composition otherwise. Why each exists, and what it measured, is in docs/performance.md ("Fast paths").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._fast_paths import LIMITS
+if TYPE_CHECKING:
+    from ._ops import Limits
 
 
 # --- row chunks -------------------------------------------------------------------------------------------
 # The widest activations (the MLP / inverted-residual hidden layers at stride 4 and 8) are computed in row
-# chunks of about LIMITS.row_chunk_bytes, which the allocator recycles, instead of one tensor large enough
+# chunks of about Limits.row_chunk_bytes, which the allocator recycles, instead of one tensor large enough
 # to be served by fresh, page-faulting memory maps (docs/performance.md, "Fast paths": "Row chunks"). Exact: each chunk
 # carries `halo` rows of context for the convolutions, cropped after them.
 class _OverlappingRows(torch.autograd.Function):
@@ -51,16 +53,21 @@ def row_halo(conv: nn.Module) -> int | None:
 
 
 def row_chunked(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, convs: Sequence[nn.Module], hidden_channels: int
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    convs: Sequence[nn.Module],
+    hidden_channels: int,
+    *,
+    limits: Limits,
 ) -> torch.Tensor:
     """``fn(x)``, computed over row chunks of x when fn's widest intermediate (``hidden_channels`` at x's
-    resolution) is above 2 * LIMITS.row_chunk_bytes on CPU. ``convs`` are the convolutions fn applies one
+    resolution) is above 2 * limits.row_chunk_bytes on CPU. ``convs`` are the convolutions fn applies one
     after another; everything else in fn must be pointwise. Computed whole when a conv is not row-local."""
     halos = [row_halo(c) for c in convs]
     hidden_bytes = hidden_channels * x.numel() // x.shape[1] * x.element_size()
     n_rows = x.shape[2]
-    chunks = min(n_rows, -(-hidden_bytes // LIMITS.row_chunk_bytes))
-    if None in halos or x.device.type != "cpu" or hidden_bytes <= 2 * LIMITS.row_chunk_bytes or chunks < 2:
+    chunks = min(n_rows, -(-hidden_bytes // limits.row_chunk_bytes))
+    if None in halos or x.device.type != "cpu" or hidden_bytes <= 2 * limits.row_chunk_bytes or chunks < 2:
         return fn(x)
     halo, step = sum(halos), -(-n_rows // chunks)
     rows = [(start, min(start + step, n_rows)) for start in range(0, n_rows, step)]
@@ -147,17 +154,20 @@ def _is_pointwise_conv(conv: nn.Module) -> bool:
     )
 
 
-def residual_dwconv_mlp(
-    x: torch.Tensor, fc1: nn.Module, act: nn.Module, dwconv: nn.Conv2d, fc2: nn.Module
-) -> torch.Tensor:
-    """``fc2(g + dwconv(g))`` with ``g = act(fc1(x))`` (STViT's ConvFFN), in row chunks on large CPU maps
-    and, for hidden activations of at least LIMITS.mlp_recompute_numel elements in training (fp32, no
-    autocast), with the GELU and the depthwise conv recomputed in backward (``_MlpTail``). The recomputation
-    applies only to the exact GELU and 1x1 fc2 it was written for; other modules take the plain composition."""
+def conv_ffn(x: torch.Tensor, fc1: nn.Module, act: nn.Module, res: nn.Module, fc2: nn.Module, *, limits: Limits):
+    """``fc2(res(act(fc1(x))))`` (STViT's ConvFFN, ``res`` its residual depthwise conv ``t + res.conv(t)``), in
+    row chunks on large CPU maps and, for hidden activations of at least limits.mlp_recompute_numel elements in
+    training (fp32, no autocast), with the GELU and the depthwise conv recomputed in backward (``_MlpTail``).
+    Only for a ``res`` whose own class declares ``fusable = True`` (STViT's ResDWC: another module, or a
+    subclass with another forward, takes the plain composition); the recomputation applies only to the exact
+    GELU and 1x1 fc2 it was written for."""
+    if not type(res).__dict__.get("fusable", False):
+        return fc2(res(act(fc1(x))))
+    dwconv = res.conv
     hidden_channels = dwconv.in_channels
     hidden_numel = hidden_channels * x.numel() // x.shape[1]
     recompute = (
-        hidden_numel >= LIMITS.mlp_recompute_numel
+        hidden_numel >= limits.mlp_recompute_numel
         and torch.is_grad_enabled()
         and not torch.is_autocast_enabled()
         and _is_exact_gelu(act)
@@ -174,4 +184,25 @@ def residual_dwconv_mlp(
         g = act(h)
         return fc2(g + dwconv(g))
 
-    return row_chunked(row_local, x, (fc1, dwconv, fc2), hidden_channels)
+    return row_chunked(row_local, x, (fc1, dwconv, fc2), hidden_channels, limits=limits)
+
+
+# --- STViT's 3x3 super-token neighbourhoods -----------------------------------------------------------------
+# Padded slices instead of the official identity-kernel convolutions (whose strided layout made ``bmm`` fall
+# back to a per-batch loop): stacked contiguous in an NHWC layout whose matrices feed ``bmm`` without copies.
+def unfold3x3(x: torch.Tensor) -> torch.Tensor:
+    """``_ops.unfold3x3``: (B, h, w, C) -> (B, h*w, 9, C), as padded slices."""
+    B, h, w, C = x.shape
+    xp = F.pad(x, (0, 0, 1, 1, 1, 1))
+    return torch.stack([xp[:, i : i + h, j : j + w] for i in range(3) for j in range(3)], dim=3).reshape(B, h * w, 9, C)
+
+
+def fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """``_ops.fold3x3``: (B, h*w, 9, C) -> (B, h, w, C), as nine shifted slice additions."""
+    B, _, _, C = x.shape
+    x = x.reshape(B, h, w, 9, C)
+    out = x.new_zeros(B, h + 2, w + 2, C)
+    for k in range(9):
+        i, j = divmod(k, 3)
+        out[:, i : i + h, j : j + w] += x[:, :, :, k]
+    return out[:, 1 : h + 1, 1 : w + 1]

@@ -4,8 +4,13 @@
         model(images)
     maps[(stage, block)]  # dict of tensors, see below
 
-Nothing is recorded, and nothing is computed beyond the normal forward, outside a ``record_attention`` block.
-Inside one, the watched modules store (detached) what they computed:
+The attention modules pass the paper's quantities through named probe points (``_common.Probe``, identities):
+STViT's ``StokenAttention.association`` (the association map Q), HAT-Net's ``Attention.window_weights`` and
+``Attention.global_weights`` (the attention weights). Inside a ``record_attention`` block, forward hooks on the
+watched modules' probes store (detached) what passed through them, and the backbones compute their plain
+formulation (``backbones.fast_paths(False)``), the one that forms the attention weights (fused kernels never
+do): the records are exactly what that forward computed. Outside a block nothing is recorded and the forward
+is the normal one. The records:
 
 - STViT super-token attention (stages whose super tokens are larger than one pixel), kind ``'stoken'``:
   ``affinity`` (B, hh*ww, h*w, 9): for each super token's grid cell, each of its h*w pixels' softmax
@@ -20,8 +25,6 @@ Inside one, the watched modules store (detached) what they computed:
   (B, heads, gh*gw, g*g, g*g): attention inside each g x g window, windows in row-major order, the
   windows' positions row-major (``windows`` (gh, gw), ``grid_size`` g, border windows zero-padded and
   their padding masked, as the forward does). ``size`` (H, W).
-  The forward computes these softmaxes inside fused kernels that do not return them, so when recording
-  they are computed from the forward's own q and k tensors (``softmax(q k^T * scale)``, same mask).
 
 Recording works in any mode (eval or training, with or without grad); a block run twice (activation
 checkpointing recomputes it in backward) keeps its last record.
@@ -30,39 +33,12 @@ checkpointing recomputes it in backward) keeps its last record.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 import torch.nn as nn
 
-_active: list[dict[int, tuple]] = []  # stack of {id(module): (key, records dict)} for the open record blocks
-
-
-def recorder_for(module: nn.Module):
-    """Called by the attention modules: a function ``save(**tensors)`` when a record block watches this
-    module, else None (the forward then skips all recording work)."""
-    if not _active:
-        return None
-    entry = _active[-1].get(id(module))
-    if entry is None:
-        return None
-    key, records = entry
-
-    def save(**values):
-        records.setdefault(key, {}).update(
-            {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
-        )
-
-    return save
-
-
-def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale) over (..., N, d) tensors, keys where the boolean ``mask`` is False excluded: the
-    probabilities that ``scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)`` applies to v."""
-    logits = (q @ k.transpose(-1, -2)).float() * scale
-    if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    return logits.softmax(-1)
+from ._fast_paths import fast_paths
 
 
 def attention_modules(model: nn.Module) -> dict[tuple[int, int], nn.Module]:
@@ -81,10 +57,44 @@ def last_blocks(model: nn.Module) -> list[tuple[int, int]]:
     return [max(k for k in keys if k[0] == stage) for stage in sorted({s for s, _ in keys})]
 
 
+def _cells(size: tuple[int, int], cell: int | tuple[int, int]) -> tuple[int, int]:
+    """How many cells of ``cell`` pixels cover ``size`` (H, W), partial border cells included."""
+    h, w = (cell, cell) if isinstance(cell, int) else cell
+    return -(-size[0] // h), -(-size[1] // w)
+
+
+def _stoken_record(m: nn.Module, shape: torch.Size, affinity: torch.Tensor) -> dict:
+    size = tuple(shape[-2:])
+    return dict(
+        kind="stoken", affinity=affinity, grid=_cells(size, m.stoken_size), stoken_size=m.stoken_size, size=size
+    )
+
+
+def _window_record(m: nn.Module, shape: torch.Size, probs: torch.Tensor) -> dict:
+    size, g = tuple(shape[-2:]), m.grid_size
+    windows = _cells(size, g)
+    probs = probs.reshape(shape[0], m.num_heads, windows[0] * windows[1], g * g, g * g)
+    return dict(kind="hat", window_probs=probs, windows=windows, grid_size=g, size=size)
+
+
+def _global_record(m: nn.Module, shape: torch.Size, probs: torch.Tensor) -> dict:
+    size, ds = tuple(shape[-2:]), m.ds_ratio if m.grid_size > 1 else 1
+    probs = probs.reshape(shape[0], m.num_heads, size[0] * size[1], -1)
+    return dict(kind="hat", global_probs=probs, size=size, pooled=_cells(size, ds), ds_ratio=ds)
+
+
+# the probes of each attention module kind, and the record each one's output makes
+_PROBES = {
+    "stvit": {"association": _stoken_record},
+    "hatnet": {"window_weights": _window_record, "global_weights": _global_record},
+}
+
+
 @contextmanager
 def record_attention(model: nn.Module, blocks: Iterable[tuple[int, int]] | None = None):
     """Record the attention maps of ``blocks`` ((stage, block) keys; default all) during the forward passes
-    run inside the block. Yields the dict {(stage, block): record} that the forward fills (module doc)."""
+    run inside the block (on the plain formulation). Yields the dict {(stage, block): record} that the forward
+    fills (module doc)."""
     modules: Mapping[tuple[int, int], nn.Module] = attention_modules(model)
     keys = list(modules) if blocks is None else [tuple(b) for b in blocks]
     unknown = [k for k in keys if k not in modules]
@@ -94,11 +104,38 @@ def record_attention(model: nn.Module, blocks: Iterable[tuple[int, int]] | None 
             f"its (stage, block) keys are {sorted(modules)}"
         )
     records: dict[tuple[int, int], dict] = {}
-    _active.append({id(modules[k]): (k, records) for k in keys})
+    with ExitStack() as hooks:
+        for key in keys:
+            hooks.enter_context(_watch(modules[key], _PROBES[model.family], key, records))
+        with fast_paths(False):
+            yield records
+
+
+@contextmanager
+def _watch(module: nn.Module, probes: dict, key: tuple[int, int], records: dict):
+    """Forward hooks on ``module`` (its input's shape) and on its probes (the records)."""
+    shape = []
+
+    def remember_shape(_, args):
+        shape[:] = [args[0].shape]
+
+    def saver(make_record):
+        def save(_, args, out):
+            records.setdefault(key, {}).update(make_record(module, shape[0], out.detach().float()))
+
+        return save
+
+    handles = [module.register_forward_pre_hook(remember_shape)]
+    handles += [
+        getattr(module, name).register_forward_hook(saver(make))
+        for name, make in probes.items()
+        if hasattr(module, name)
+    ]
     try:
-        yield records
+        yield
     finally:
-        _active.pop()
+        for h in handles:
+            h.remove()
 
 
 # --- reading the records: maps over a stage's feature map (pixels of the map, not of the image) -----------

@@ -21,24 +21,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import _fast_paths
-from ._attention import attention
+from . import _ops as ops
 from ._common import (
     NUM_STAGES,
     DropPath,
+    Probe,
     StagedBackbone,
     check_arch_lengths,
     check_input,
     check_out_indices,
     drop_path_rates,
-    internal_layout,
     nchw,
     nhwc,
+    pad_to_multiple,
     resolve_arch,
     shape_dependent_branches_traced,
 )
-from ._kernels import row_chunked
-from .attention_maps import attention_probs, recorder_for
 from .pretrained import load_pretrained
 
 _GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
@@ -96,14 +94,35 @@ class InvertedResidual(nn.Module):
         self.conv3 = nn.Sequential(nn.Conv2d(hidden, dim, 1, bias=False), _gn(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fast_paths.enabled():
-            # the GroupNorms see whole maps; what lies between them is row-local and computed in row chunks
-            convs = (self.conv1[1], self.conv2[0], self.conv3[0])
-            return self.conv3[1](row_chunked(self._between_norms, self.conv1[0](x), convs, self.conv1[1].out_channels))
-        return self.conv3(self.conv2(self.conv1(x)))
+        # conv3(conv2(conv1(x))); what lies between the two GroupNorms is row-local (ops.row_local: row chunks)
+        convs = (self.conv1[1], self.conv2[0], self.conv3[0])
+        return self.conv3[1](ops.row_local(self._between_norms, self.conv1[0](x), convs, self.conv1[1].out_channels))
 
     def _between_norms(self, x: torch.Tensor) -> torch.Tensor:  # 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
         return self.conv3[0](self.conv2(self.conv1[2](self.conv1[1](x))))
+
+
+def _heads(t: torch.Tensor, parts: int, num_heads: int) -> tuple[torch.Tensor, ...]:
+    """(B, parts * C, H, W) with channels (part, head, head_dim) -> ``parts`` tensors (B, heads, H*W, head_dim)
+    (views with a contiguous head_dim on a channels_last map)."""
+    B, _, H, W = t.shape
+    return nhwc(t).reshape(B, H * W, parts, num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _merge_heads(t: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """(B, heads, H*W, head_dim) -> (B, heads * head_dim, H, W) in the internal layout."""
+    return ops.to_internal(nchw(t.transpose(1, 2).reshape(t.shape[0], H, W, -1)))
+
+
+def _window_padding_mask(size: tuple[int, int], windows: tuple[int, int], g: int, device) -> torch.Tensor | None:
+    """(1, windows, 1, g*g) boolean: the keys of each g x g window (``windows`` (gh, gw) of them, row-major)
+    inside the map of ``size`` (H, W); None when the windows tile the map (except while tracing: the export
+    keeps the general branch)."""
+    (H, W), (gh, gw) = size, windows
+    if not (shape_dependent_branches_traced() or H % g or W % g):
+        return None
+    valid = (torch.arange(gh * g, device=device) < H)[:, None] & (torch.arange(gw * g, device=device) < W)[None, :]
+    return valid.reshape(gh, g, gw, g).permute(0, 2, 1, 3).reshape(1, gh * gw, 1, g * g)
 
 
 class Attention(nn.Module):
@@ -122,72 +141,45 @@ class Attention(nn.Module):
         # frozen so that DDP does not wait for gradients that never come.
         self.proj_norm = _gn(dim)
         self.proj_norm.requires_grad_(False)
+        # the global attention weights (B, heads, H*W, keys): over the pooled map, or all positions
+        self.global_weights = Probe()
         if grid_size > 1:
             self.grid_norm = _gn(dim)
             self.ds_norm = _gn(dim)
             self.q = nn.Conv2d(dim, dim, 1)
             self.kv = nn.Conv2d(dim, dim * 2, 1)
-
-    def _window_attention(self, qkv: torch.Tensor) -> torch.Tensor:
-        # channel = (q|k|v, head, head_dim) as official; with fast paths on, qkv is channels_last and its NHWC
-        # view contiguous.
-        B, _, H, W = qkv.shape
-        g, nh, hd = self.grid_size, self.num_heads, self.head_dim
-        pad_b, pad_r = (-H) % g, (-W) % g
-        qkv = nhwc(qkv)
-        general = bool(pad_b or pad_r) or shape_dependent_branches_traced()
-        if general:
-            qkv = F.pad(qkv, (0, 0, 0, pad_r, 0, pad_b))
-        gh, gw = (H + pad_b) // g, (W + pad_r) // g
-        qkv = qkv.reshape(B, gh, g, gw, g, 3, nh, hd).permute(5, 0, 6, 1, 3, 2, 4, 7)
-        q, k, v = qkv.reshape(3, B * nh, gh * gw, g * g, hd).unbind(0)
-        mask = None
-        if general:  # keys in the padding must not receive attention
-            valid = (torch.arange(gh * g, device=qkv.device) < H)[:, None] & (
-                torch.arange(gw * g, device=qkv.device) < W
-            )[None, :]
-            mask = valid.reshape(gh, g, gw, g).permute(0, 2, 1, 3).reshape(1, gh * gw, 1, g * g)
-        record = recorder_for(self)  # None unless a backbones.attention_maps.record_attention block watches
-        if record is not None:
-            probs = attention_probs(q, k, self.scale, mask)  # (B * heads, windows, g * g, g * g)
-            record(
-                kind="hat",
-                window_probs=probs.reshape(B, nh, gh * gw, g * g, g * g),
-                windows=(gh, gw),
-                grid_size=g,
-                size=(H, W),
-            )
-        out = attention(q, k, v, self.scale, mask)
-        out = out.reshape(B, nh, gh, gw, g, g, hd).permute(0, 2, 4, 3, 5, 1, 6)
-        return internal_layout(nchw(out.reshape(B, gh * g, gw * g, nh * hd)[:, :H, :W]))
+            self.window_weights = Probe()  # (B * heads, windows, g*g, g*g): the attention inside each window
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # With fast paths on, channels_last throughout (see _common): the 1x1 convs are oneDNN NHWC convolutions,
-        # and every q/k/v below is a (B, heads, N, head_dim) view with contiguous head_dim, as SDPA wants.
         B, C, H, W = x.shape
-        nh, hd = self.num_heads, self.head_dim
         qkv = self.qkv(self.norm(x))
         if self.grid_size > 1:
+            # local: attention inside each grid_size x grid_size window
             grid_x = self.grid_norm(x + self._window_attention(qkv))
-            q = nhwc(self.q(grid_x)).reshape(B, H * W, nh, hd).transpose(1, 2)
-            # ceil_mode: a partial border cell is averaged over its valid pixels (no effect when divisible)
+            # global: every position attends to the ds_ratio-pooled map (ceil_mode: a partial border cell is
+            # averaged over its valid pixels; no effect when the size divides)
+            (q,) = _heads(self.q(grid_x), 1, self.num_heads)
             pooled = F.avg_pool2d(grid_x, self.ds_ratio, self.ds_ratio, ceil_mode=True)
-            k, v = nhwc(self.kv(self.ds_norm(pooled))).reshape(B, -1, 2, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
+            k, v = _heads(self.kv(self.ds_norm(pooled)), 2, self.num_heads)
         else:
-            q, k, v = nhwc(qkv).reshape(B, H * W, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
-        record = recorder_for(self)
-        if record is not None:
-            record(
-                kind="hat",
-                global_probs=attention_probs(q, k, self.scale).reshape(B, nh, H * W, -1),
-                size=(H, W),
-                pooled=tuple(pooled.shape[-2:]) if self.grid_size > 1 else (H, W),
-                ds_ratio=self.ds_ratio if self.grid_size > 1 else 1,
-            )
-        out = internal_layout(nchw(attention(q, k, v, self.scale).transpose(1, 2).reshape(B, H, W, C)))
+            q, k, v = _heads(qkv, 3, self.num_heads)
+        out = _merge_heads(ops.attention(q, k, v, self.scale, weights=self.global_weights), H, W)
         if self.grid_size > 1:
             out = out + grid_x
         return self.proj(out)
+
+    def _window_attention(self, qkv: torch.Tensor) -> torch.Tensor:
+        # channel = (q|k|v, head, head_dim) as official
+        B, _, H, W = qkv.shape
+        g, nh, hd = self.grid_size, self.num_heads, self.head_dim
+        windows = pad_to_multiple(nhwc(qkv), (g, g), dims=(1, 2))  # partial border windows zero-padded
+        gh, gw = windows.shape[1] // g, windows.shape[2] // g
+        windows = windows.reshape(B, gh, g, gw, g, 3, nh, hd).permute(5, 0, 6, 1, 3, 2, 4, 7)
+        q, k, v = windows.reshape(3, B * nh, gh * gw, g * g, hd).unbind(0)
+        mask = _window_padding_mask((H, W), (gh, gw), g, qkv.device)  # keys in the padding receive no attention
+        out = ops.attention(q, k, v, self.scale, mask, weights=self.window_weights)
+        out = out.reshape(B, nh, gh, gw, g, g, hd).permute(0, 2, 4, 3, 5, 1, 6)
+        return ops.to_internal(nchw(out.reshape(B, gh * g, gw * g, nh * hd)[:, :H, :W]))
 
 
 class Block(nn.Module):
@@ -324,7 +316,7 @@ class HATNet(StagedBackbone):
 
     def forward(self, x):
         check_input(x, "HATNet")
-        x = self.patch_embed(internal_layout(x))  # channels_last with fast paths on (see _common)
+        x = self.patch_embed(ops.to_internal(x))  # channels_last with fast paths on (see _ops)
         outs = []
         for i, ds in enumerate(self._downsamples()):
             if ds is not None:

@@ -14,24 +14,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import _fast_paths
-from ._attention import attention
+from . import _ops as ops
 from ._common import (
     NUM_STAGES,
     DropPath,
+    Probe,
     StagedBackbone,
     check_arch_lengths,
     check_input,
     check_out_indices,
     drop_path_rates,
-    internal_layout,
     nchw,
     nhwc,
+    pad_to_multiple,
     resolve_arch,
-    shape_dependent_branches_traced,
 )
-from ._kernels import residual_dwconv_mlp
-from .attention_maps import recorder_for
 from .pretrained import load_pretrained
 
 # The released variants (official ``stvit_small/base/large``).
@@ -77,7 +74,7 @@ class LayerNorm2d(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # On a channels_last map (fast paths) both permutes are free views; else the official copies.
-        return internal_layout(nchw(F.layer_norm(nhwc(x), self.normalized_shape, self.weight, self.bias, self.eps)))
+        return ops.to_internal(nchw(F.layer_norm(nhwc(x), self.normalized_shape, self.weight, self.bias, self.eps)))
 
 
 class _LayerNorm2dWrapper(nn.Module):
@@ -92,6 +89,8 @@ class _LayerNorm2dWrapper(nn.Module):
 
 class ResDWC(nn.Module):
     """x + depthwise 3x3 conv(x): STViT's convolutional position encoding."""
+
+    fusable = True  # ops.conv_ffn may fuse this forward into the MLP's kernels (this class only, not subclasses)
 
     def __init__(self, dim: int, kernel_size: int = 3):
         super().__init__()
@@ -112,14 +111,12 @@ class Mlp(nn.Module):
         self.fc2 = nn.Conv2d(hidden, dim, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fast_paths.enabled() and type(self.conv) is ResDWC:  # row chunks, recomputation in backward
-            return residual_dwconv_mlp(x, self.fc1, self.act1, self.conv.conv, self.fc2)
-        return self.fc2(self.conv(self.act1(self.fc1(x))))
+        return ops.conv_ffn(x, self.fc1, self.act1, self.conv, self.fc2)  # fc2(conv(act1(fc1(x))))
 
 
 class Attention(nn.Module):
     """Multi-head self-attention over all positions of an NCHW map (official qkv channel layout: heads,
-    [q|k|v], head_dim). ``attention`` computes softmax(q k^T * scale) v with fast kernels or literally."""
+    [q|k|v], head_dim)."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True):
         super().__init__()
@@ -129,53 +126,15 @@ class Attention(nn.Module):
         self.scale = (dim // num_heads) ** -0.5
         self.qkv = nn.Conv2d(dim, dim * 3, 1, bias=qkv_bias)
         self.proj = nn.Conv2d(dim, dim, 1)
+        self.attn_weights = Probe()  # the attention weights softmax(q k^T * scale) (B, heads, N, N)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
         nh = self.num_heads
-        if _fast_paths.enabled():  # channels_last: (B, heads, N, head_dim) views with a contiguous head_dim
-            q, k, v = nhwc(self.qkv(x)).reshape(B, H * W, nh, 3, C // nh).permute(3, 0, 2, 1, 4).unbind(0)
-            return self.proj(nchw(attention(q, k, v, self.scale).transpose(1, 2).reshape(B, H, W, C)))
-        q, k, v = self.qkv(x).reshape(B, nh, 3, C // nh, H * W).transpose(-1, -2).unbind(2)  # as official
-        return self.proj(attention(q, k, v, self.scale).transpose(-1, -2).reshape(B, C, H, W))
-
-
-def _unfold3x3(x: torch.Tensor) -> torch.Tensor:
-    """(B, h, w, C) -> (B, h*w, 9, C): each super token's 3x3 neighbourhood (zeros outside).
-
-    Plain: the official identity-kernel convolution. Fast: padded slices, stacked contiguous in an NHWC
-    layout whose matrices feed ``bmm`` without copies."""
-    B, h, w, C = x.shape
-    if not _fast_paths.enabled():
-        eye = torch.eye(9, dtype=x.dtype, device=x.device).reshape(9, 1, 3, 3)
-        out = F.conv2d(nchw(x).reshape(B * C, 1, h, w), eye, padding=1)  # (B*C, 9, h, w)
-        return out.reshape(B, C, 9, h * w).permute(0, 3, 2, 1)
-    xp = F.pad(x, (0, 0, 1, 1, 1, 1))
-    return torch.stack([xp[:, i : i + h, j : j + w] for i in range(3) for j in range(3)], dim=3).reshape(B, h * w, 9, C)
-
-
-def _fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """Adjoint of ``_unfold3x3``: (B, h*w, 9, C) -> (B, h, w, C), summing each neighbour's share.
-
-    Plain: the official transposed identity-kernel convolution. Fast: nine shifted slice additions."""
-    B, _, _, C = x.shape
-    if not _fast_paths.enabled():
-        eye = torch.eye(9, dtype=x.dtype, device=x.device).reshape(9, 1, 3, 3)
-        out = F.conv_transpose2d(x.permute(0, 3, 2, 1).reshape(B * C, 9, h, w), eye, padding=1)
-        return nhwc(out.reshape(B, C, h, w))
-    x = x.reshape(B, h, w, 9, C)
-    out = x.new_zeros(B, h + 2, w + 2, C)
-    for k in range(9):
-        i, j = divmod(k, 3)
-        out[:, i : i + h, j : j + w] += x[:, :, :, k]
-    return out[:, 1 : h + 1, 1 : w + 1]
-
-
-def _network_dtype(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The super-token association runs in float32, under autocast too (its normaliser ``affinity_sum +
-    1e-12`` underflows in float16); its results go back to the network's dtype: that of the block's input
-    x, or under autocast whatever autocast picks for the next op."""
-    return t if torch.is_autocast_enabled() else t.to(x.dtype)
+        # (B, heads, H*W, head_dim) each; views with a contiguous head_dim on a channels_last map
+        q, k, v = nhwc(self.qkv(x)).reshape(B, H * W, nh, 3, C // nh).permute(3, 0, 2, 1, 4).unbind(0)
+        out = ops.attention(q, k, v, self.scale, weights=self.attn_weights)
+        return self.proj(ops.to_internal(nchw(out.transpose(1, 2).reshape(B, H, W, C))))
 
 
 class StokenAttention(nn.Module):
@@ -189,6 +148,7 @@ class StokenAttention(nn.Module):
         self.stoken_size = tuple(stoken_size)
         self.scale = dim**-0.5
         self.stoken_refine = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias)
+        self.association = Probe()  # Q (B, hh*ww, h*w, 9): each pixel's softmax over its 9 nearest super tokens
 
     def forward(self, x):
         if self.stoken_size[0] > 1 or self.stoken_size[1] > 1:
@@ -198,43 +158,45 @@ class StokenAttention(nn.Module):
     def stoken_forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H0, W0 = x.shape
         h, w = self.stoken_size
-        # Like the official code: zero-pad right/bottom to whole super tokens, crop at the end.
-        pad_r, pad_b = (w - W0 % w) % w, (h - H0 % h) % h
-        if pad_r or pad_b or shape_dependent_branches_traced():
-            x = F.pad(x, (0, pad_r, 0, pad_b))
+        x = pad_to_multiple(x, (h, w))  # zero-pad right/bottom to whole super tokens, cropped at the end
         H, W = x.shape[-2:]
         hh, ww = H // h, W // w
-
-        with torch.autocast(x.device.type, enabled=False):  # float32 association (see _network_dtype)
-            # pixels: (B, super tokens, pixels of its grid cell, C); everything below is NHWC
-            pixels = nhwc(x.float()).reshape(B, hh, h, ww, w, C).transpose(2, 3).reshape(B, hh * ww, h * w, C)
-            affinity, affinity_sum = self.associate(pixels, hh, ww)
-            # STS, super-token update, the last iteration with gradient: S = column-normalised Q^T X, each super
-            # token the affinity-weighted mean of the pixels of its 3x3 neighbourhood of grid cells
-            stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
-        record = recorder_for(self)  # None unless a backbones.attention_maps.record_attention block watches
-        if record is not None:
-            record(kind="stoken", affinity=affinity, grid=(hh, ww), stoken_size=(h, w), size=(H0, W0))
+        # STS: the association Q and the super tokens S = column-normalised Q^T X
+        affinity, stokens = self.sample(x, hh, ww)
         # STA: multi-head self-attention among the super tokens
-        stokens = self.stoken_refine(internal_layout(nchw(_network_dtype(stokens, x))))
-        # TU: token upsampling X = Q S, each pixel a mix of the 9 super tokens around its cell
-        pixels = _network_dtype(affinity, x) @ _unfold3x3(nhwc(stokens))  # (B, hh*ww, h*w, C)
+        stokens = self.stoken_refine(ops.to_internal(nchw(stokens)))
+        # TU: token upsampling X = Q S, each pixel a mix of the 9 super tokens around its grid cell
+        pixels = affinity @ ops.unfold3x3(nhwc(stokens))  # (B, hh*ww, h*w, C)
         pixels = nchw(pixels.reshape(B, hh, ww, h, w, C).transpose(2, 3).reshape(B, H, W, C))
-        return internal_layout(pixels[:, :, :H0, :W0])
+        return ops.to_internal(pixels[:, :, :H0, :W0])
+
+    @ops.in_float32  # the association normaliser affinity_sum + 1e-12 underflows in float16
+    def sample(self, x: torch.Tensor, hh: int, ww: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Super token sampling: the association Q (B, hh*ww, h*w, 9) of every pixel of x (B, C, hh*h, ww*w)
+        with the 9 super tokens around its grid cell, and the super tokens S (B, hh, ww, C) of the last
+        iteration, each the affinity-weighted mean of the pixels of its 3x3 neighbourhood of grid cells."""
+        B, C, _, _ = x.shape
+        h, w = self.stoken_size
+        # pixels: (B, super tokens, pixels of its grid cell, C)
+        pixels = nhwc(x).reshape(B, hh, h, ww, w, C).transpose(2, 3).reshape(B, hh * ww, h * w, C)
+        affinity, affinity_sum = self.associate(pixels, hh, ww)
+        affinity = self.association(affinity)
+        stokens = ops.fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
+        return affinity, stokens
 
     def associate(self, pixels: torch.Tensor, hh: int, ww: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Super token sampling without gradient (as in the official code; gradients reach the super tokens
-        through ``pixels`` only): the association Q (B, hh*ww, h*w, 9) of every pixel with the 9 super tokens
-        around its grid cell after ``n_iter`` iterations, and Q's column sums (B, hh, ww, 1)."""
+        """The association iterations, without gradient (as in the official code; gradients reach the super
+        tokens through ``pixels`` only): Q (B, hh*ww, h*w, 9) after ``n_iter`` iterations, and Q's column sums
+        (B, hh, ww, 1)."""
         B, _, _, C = pixels.shape
         with torch.no_grad():
             stokens = pixels.mean(2).reshape(B, hh, ww, C)  # initial super tokens: the mean of each grid cell
             for idx in range(self.n_iter):
-                # STS, association: Q^t = softmax(X S^(t-1)^T / sqrt(d)) over the 9 neighbouring super tokens
-                affinity = (pixels @ _unfold3x3(stokens).transpose(-1, -2) * self.scale).softmax(-1)
-                affinity_sum = _fold3x3(affinity.sum(2).unsqueeze(-1), hh, ww)
-                if idx < self.n_iter - 1:  # STS, super-token update: S^t = column-normalised Q^t^T X
-                    stokens = _fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
+                # association: Q^t = softmax(X S^(t-1)^T / sqrt(d)) over the 9 neighbouring super tokens
+                affinity = (pixels @ ops.unfold3x3(stokens).transpose(-1, -2) * self.scale).softmax(-1)
+                affinity_sum = ops.fold3x3(affinity.sum(2).unsqueeze(-1), hh, ww)
+                if idx < self.n_iter - 1:  # super-token update: S^t = column-normalised Q^t^T X
+                    stokens = ops.fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
         return affinity, affinity_sum
 
 
@@ -401,7 +363,7 @@ class STViT(StagedBackbone):
 
     def forward(self, x):
         check_input(x, "STViT")
-        x = self.patch_embed(internal_layout(x))  # channels_last with fast paths on (see _common)
+        x = self.patch_embed(ops.to_internal(x))  # channels_last with fast paths on (see _ops)
         outs = []
         for i, layer in enumerate(self.layers):
             x = self._run_blocks(layer.blocks, x)

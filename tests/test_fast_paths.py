@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import backbones
-from backbones import fast_paths, set_fast_paths
+from backbones import HATNet, STViT, fast_paths, set_fast_paths
 from backbones.stvit import Attention, Mlp
 
 
@@ -58,3 +58,41 @@ def test_every_fast_path_reads_the_switch():
         plain = _grad_fns(mlp(x)) | _grad_fns(attn(t))
     assert {"_OverlappingRowsBackward", "_MlpTailBackward", "_OneDnnAttentionBackward"} <= fast
     assert not any(name.startswith("_") for name in plain), plain
+
+
+@pytest.mark.parametrize("family", ["stvit", "hatnet"])
+def test_checkpoint_recomputation_takes_the_paths_of_its_forward(family):
+    """with_cp recomputes each block in backward with the op set its forward used, even when the switch has
+    changed by then: the gradients are bit-identical to a backward under the forward's setting (recomputing on
+    the other path would change the saved tensors' layout or count, which checkpointing rejects, or round
+    differently)."""
+    from tests._tools import HATNET_T, STVIT_T
+
+    torch.manual_seed(0)
+    model = (STViT(STVIT_T, with_cp=True) if family == "stvit" else HATNet(HATNET_T, with_cp=True)).train()
+    x = torch.randn(2, 3, 72, 100)
+    forcing = dict(row_chunk_bytes=4096, mlp_recompute_numel=0, attention_min_keys=1)
+    grads = []
+    for backward_fast in (True, False):
+        model.zero_grad()
+        with fast_paths(True, **forcing):
+            outs = model(x)
+        with fast_paths(backward_fast):
+            sum(o.square().sum() for o in outs).backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_model_files_hold_no_switch_reads():
+    """The model files call the ops of ``backbones._ops`` and never read the switch themselves."""
+    import ast
+    import pathlib
+
+    for name in ("stvit.py", "hatnet.py"):
+        tree = ast.parse((pathlib.Path(backbones.__file__).parent / name).read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not names & {"enabled", "fast_paths_enabled", "is_tracing", "recorder_for"}, name
+        assert "_fast_paths" not in modules, name

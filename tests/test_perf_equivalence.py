@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backbones import STViT, fast_paths
+from backbones import STViT, _kernels, _ops, fast_paths
 from backbones._kernels import _MlpTail
-from backbones.stvit import Mlp, _fold3x3, _unfold3x3
+from backbones.stvit import Mlp
 from tests._fast_vs_plain import outputs_and_grads
 from tests.test_backbones import STVIT_T
 from tests.test_fast_paths import _grad_fns
@@ -57,9 +57,12 @@ def test_unfold_fold_equal_identity_kernel_convs():
     x = torch.randn(B, C, h, w)
     t = torch.randn(B, h * w, 9, C)
     with fast_paths(False):  # the official identity-kernel convolutions
-        ref, ref_fold = _unfold3x3(x.permute(0, 2, 3, 1)), _fold3x3(t, h, w)
-    torch.testing.assert_close(_unfold3x3(x.permute(0, 2, 3, 1)), ref)  # (B, h*w, 9, C)
-    torch.testing.assert_close(_fold3x3(t, h, w), ref_fold)
+        ref, ref_fold = _ops.unfold3x3(x.permute(0, 2, 3, 1)), _ops.fold3x3(t, h, w)
+    with fast_paths(True):
+        fast, fast_fold = _ops.unfold3x3(x.permute(0, 2, 3, 1)), _ops.fold3x3(t, h, w)
+    assert _ops.active().unfold3x3 is _kernels.unfold3x3 and _ops.active().fold3x3 is _kernels.fold3x3
+    torch.testing.assert_close(fast, ref)  # (B, h*w, 9, C)
+    torch.testing.assert_close(fast_fold, ref_fold)
     # the official Unfold's order: neighbour k = 3 i + j of token (y, x) is the pixel (y + i - 1, x + j - 1)
     torch.testing.assert_close(ref[:, 2 * w + 3, 5], x[:, :, 2, 4])
 
@@ -101,11 +104,11 @@ def test_onednn_attention_equals_sdpa(shape, chunked):
     and q/k/v gradients as SDPA, on strided views as in the models."""
     # chunked: several chunks of 64 queries, and the dispatch picks the chunked kernel
     limits = dict(attention_max_probs_bytes=0, attention_chunk_bytes=64 * 4 * 300) if chunked else {}
-    with fast_paths(True, **limits):
-        _check_onednn_attention(shape, chunked)
+    with fast_paths(True, **limits) as chosen:
+        _check_onednn_attention(shape, chunked, chosen)
 
 
-def _check_onednn_attention(shape, chunked):
+def _check_onednn_attention(shape, chunked, limits):
     from backbones import _attention
 
     B, nh, n_q, n_k, d = shape
@@ -115,12 +118,12 @@ def _check_onednn_attention(shape, chunked):
     k = torch.randn(B, nh, n_k, d).mul(2).requires_grad_()
     v = torch.randn(B, n_k, nh, d).transpose(1, 2).requires_grad_()
     q_view = q * 1
-    kernel = _attention._onednn_kernel(q_view, k)
+    kernel = _attention._onednn_kernel(q_view, k, limits)
     assert kernel is (_attention._OneDnnChunkedAttention if chunked else _attention._OneDnnAttention)
     if chunked:
-        assert len(kernel._chunks(n_q, n_k)) > 3
+        assert len(kernel._chunks(n_q, n_k, limits.attention_chunk_bytes)) > 3
     scale = d**-0.5
-    out = _attention.attention(q_view, k, v, scale)
+    out = _ops.attention(q_view, k, v, scale)
     ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
     assert_close(out, ref, "out")
     g = torch.randn_like(out)
@@ -131,13 +134,15 @@ def _check_onednn_attention(shape, chunked):
 def test_attention_dispatch():
     from backbones._attention import _onednn_kernel, _OneDnnAttention, _OneDnnChunkedAttention
 
+    limits = _ops.Limits()
     cpu = torch.zeros(1, 5, 1176, 64)
-    assert _onednn_kernel(cpu, cpu) is _OneDnnAttention
-    assert _onednn_kernel(cpu[:, :, :100], cpu[:, :, :100]) is None  # few keys: SDPA
-    assert _onednn_kernel(cpu.bfloat16(), cpu.bfloat16()) is None  # reduced precision: SDPA
+    assert _onednn_kernel(cpu, cpu, limits) is _OneDnnAttention
+    assert _onednn_kernel(cpu[:, :, :100], cpu[:, :, :100], limits) is None  # few keys: SDPA
+    assert _onednn_kernel(cpu.bfloat16(), cpu.bfloat16(), limits) is None  # reduced precision: SDPA
     big = torch.zeros(1, 5, 4200, 64)
-    assert _onednn_kernel(big, big) is _OneDnnChunkedAttention  # 350 MiB of probabilities: not kept
-    assert _onednn_kernel(torch.zeros(120, 1, 300, 8), torch.zeros(120, 1, 300, 8)) is None  # many small calls
+    assert _onednn_kernel(big, big, limits) is _OneDnnChunkedAttention  # 350 MiB of probabilities: not kept
+    small = torch.zeros(120, 1, 300, 8)
+    assert _onednn_kernel(small, small, limits) is None  # many small calls
 
 
 @pytest.mark.parametrize("family,kernel", [("hatnet", 3), ("hatnet", 5), ("stvit", 3)])

@@ -9,8 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
+import backbones
 from backbones import HATNet, STViT, fast_paths
 from backbones.attention_maps import (
+    attention_modules,
     global_attention_map,
     last_blocks,
     record_attention,
@@ -49,12 +51,13 @@ def image():
 
 
 @pytest.mark.parametrize("family", ["stvit", "hatnet"])
-def test_recording_leaves_the_outputs_unchanged_and_records_every_block(family, image):
+def test_recording_runs_the_plain_forward_and_records_every_block(family, image):
     model, x = _model(family), image
-    with torch.no_grad():
+    with torch.no_grad(), fast_paths(False):
         plain = model(x)
     recorded, records = _record(model, x)
     assert all(torch.equal(a, b) for a, b in zip(plain, recorded))
+    assert backbones.fast_paths_enabled()  # the switch is back after the block
     depths = model.arch["depths"]
     if family == "stvit":  # only stages with super tokens have an association to record
         assert sorted(records) == [(0, 0), (1, 0)]
@@ -153,27 +156,44 @@ def _autograd_nodes(y: torch.Tensor) -> set[str]:
 
 
 @pytest.mark.parametrize("family", ["stvit", "hatnet"])
-def test_maps_are_the_same_on_the_fast_and_the_plain_paths(family, image):
-    """The speed paths (channels_last layout, oneDNN attention, row chunks, MLP recomputation) change only the
-    summation order of some convolutions and GEMMs: the maps agree to float32 rounding, and STViT's super-token
-    assignment exactly."""
-    model, x = _model(family), image.clone().requires_grad_()  # with grad: the recomputing MLP engages too
+def test_recording_forces_the_plain_path(family, image):
+    """Inside a record block the backbone computes its plain formulation whatever the switch says (the fused
+    kernels never form the attention weights): no fast kernel runs, and the records are those of a plain run."""
+    model, x = _model(family), image.clone().requires_grad_()  # with grad: the recomputing MLP would engage
     forcing = dict(row_chunk_bytes=4096, mlp_recompute_numel=0, attention_min_keys=1)  # tiny input, every path
-    with fast_paths(True, **forcing), record_attention(model) as fast:
-        out = model(x)
-    assert {"_OverlappingRowsBackward", "_OneDnnAttentionBackward"} <= _autograd_nodes(out[-1])
-    with fast_paths(False), record_attention(model) as plain:
-        out = model(x)
+    with fast_paths(True, **forcing):
+        assert {"_OverlappingRowsBackward", "_OneDnnAttentionBackward"} <= _autograd_nodes(model(x)[-1])
+        with record_attention(model) as fast:
+            out = model(x)
     assert not any(name.startswith("_") for name in _autograd_nodes(out[-1]))
-    assert fast.keys() == plain.keys()
+    with fast_paths(False), record_attention(model) as plain:
+        model(x)
+    assert fast.keys() == plain.keys() and fast
     for key, rec in fast.items():
+        assert rec.keys() == plain[key].keys()
         for name, value in rec.items():
-            if isinstance(value, torch.Tensor):
-                torch.testing.assert_close(value, plain[key][name])
-            else:
-                assert value == plain[key][name]
-        if family == "stvit":
-            _assert_same_assignment(rec, plain[key])
+            assert (
+                torch.equal(value, plain[key][name]) if isinstance(value, torch.Tensor) else value == plain[key][name]
+            )
+
+
+def test_recorded_association_agrees_with_the_fast_forward(image):
+    """The association Q recorded on the plain path agrees to float32 rounding with the Q that the fast forward
+    passes through the same probe (channels_last layout, oneDNN kernels, NHWC unfold change only summation
+    orders), and the super-token assignment drawn from it is the same."""
+    model, x = _model("stvit"), image
+    _, records = _record(model, x)
+    seen, handles = {}, []
+    for key, m in attention_modules(model).items():
+        handles.append(m.association.register_forward_hook(lambda _, args, out, key=key: seen.update({key: out})))
+    with torch.no_grad(), fast_paths(True, attention_min_keys=1):
+        model(x)
+    for h in handles:
+        h.remove()
+    assert records and seen.keys() == records.keys()
+    for key, rec in records.items():
+        torch.testing.assert_close(rec["affinity"], seen[key])
+        _assert_same_assignment(dict(rec, affinity=seen[key]), rec)
 
 
 def _assert_same_assignment(fast: dict, plain: dict):

@@ -1,0 +1,210 @@
+"""The operations the model files call where a fast kernel exists beside the plain formulation.
+
+    from . import _ops as ops
+    out = ops.attention(q, k, v, scale)     # softmax(q k^T * scale) v
+
+Each function below forwards to the active ``OpSet``: ``PLAIN`` (the formulation of the paper and the
+official code, to read, export and count FLOPs on) or ``fast_ops(limits)`` (the kernels of ``_kernels.py`` and
+``_attention.py``, same values and gradients). ``backbones.set_fast_paths`` / ``backbones.fast_paths`` pick the
+set when the switch changes, so the model files hold no switch checks. ``run_with(ops_, fn, ...)`` runs fn
+under a captured set: activation checkpointing recomputes a block with the set its forward used, whatever
+the switch says by the time backward runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import _attention, _kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Input sizes from which each fast path engages (see docs/performance.md for why these values).
+
+    Attributes:
+        row_chunk_bytes: hidden layers larger than twice this are computed in row chunks of about this size.
+        mlp_recompute_numel: STViT MLP hidden activations of at least this many elements are recomputed in
+            backward instead of kept (0 = always, a huge value = never).
+        attention_min_keys: the oneDNN attention kernel serves attention over at least this many keys.
+        attention_max_calls: ... and at most this many (batch x heads) GEMM pairs.
+        attention_max_probs_bytes: up to this size the attention probabilities are kept for backward; above
+            it, query chunks are recomputed.
+        attention_chunk_bytes: probabilities per query chunk of the chunked attention kernel.
+    """
+
+    row_chunk_bytes: int = 8 * 2**20
+    mlp_recompute_numel: int = 2**23
+    attention_min_keys: int = 256
+    attention_max_calls: int = 64
+    attention_max_probs_bytes: int = 64 * 2**20
+    attention_chunk_bytes: int = 4 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSet:
+    """One implementation of every op below (their docstrings say what each computes)."""
+
+    fast: bool
+    limits: Limits
+    to_internal: Callable
+    attention: Callable
+    unfold3x3: Callable
+    fold3x3: Callable
+    conv_ffn: Callable
+    row_local: Callable
+
+
+# --- the plain formulation ---------------------------------------------------------------------------------
+def _plain_attention(q, k, v, scale, mask=None, weights=None):
+    logits = (q * scale) @ k.transpose(-2, -1)  # the attention matrix, materialised
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    probs = logits.softmax(-1)
+    return (probs if weights is None else weights(probs)) @ v
+
+
+def _identity_kernel(x: torch.Tensor) -> torch.Tensor:
+    return torch.eye(9, dtype=x.dtype, device=x.device).reshape(9, 1, 3, 3)
+
+
+def _plain_unfold3x3(x):  # the official Unfold: an identity-kernel convolution
+    B, h, w, C = x.shape
+    out = F.conv2d(x.permute(0, 3, 1, 2).reshape(B * C, 1, h, w), _identity_kernel(x), padding=1)
+    return out.reshape(B, C, 9, h * w).permute(0, 3, 2, 1)
+
+
+def _plain_fold3x3(x, h, w):  # the official Fold: the transposed identity-kernel convolution
+    B, _, _, C = x.shape
+    out = F.conv_transpose2d(x.permute(0, 3, 2, 1).reshape(B * C, 9, h, w), _identity_kernel(x), padding=1)
+    return out.reshape(B, C, h, w).permute(0, 2, 3, 1)
+
+
+def _plain_conv_ffn(x, fc1, act, res, fc2):
+    return fc2(res(act(fc1(x))))
+
+
+def _whole(fn, x, convs, hidden_channels):
+    return fn(x)
+
+
+PLAIN = OpSet(
+    fast=False,
+    limits=Limits(),
+    to_internal=lambda x: x.contiguous(),
+    attention=_plain_attention,
+    unfold3x3=_plain_unfold3x3,
+    fold3x3=_plain_fold3x3,
+    conv_ffn=_plain_conv_ffn,
+    row_local=_whole,
+)
+
+
+def fast_ops(limits: Limits) -> OpSet:
+    """The fast kernels, engaging from the sizes in ``limits``."""
+    return OpSet(
+        fast=True,
+        limits=limits,
+        to_internal=lambda x: x.contiguous(memory_format=torch.channels_last),
+        attention=functools.partial(_attention.attention, limits=limits),
+        unfold3x3=_kernels.unfold3x3,
+        fold3x3=_kernels.fold3x3,
+        conv_ffn=functools.partial(_kernels.conv_ffn, limits=limits),
+        row_local=functools.partial(_kernels.row_chunked, limits=limits),
+    )
+
+
+def select(fast: bool, limits: Limits) -> OpSet:
+    return fast_ops(limits) if fast else dataclasses.replace(PLAIN, limits=limits)
+
+
+_ACTIVE = [select(True, Limits())]
+
+
+def active() -> OpSet:
+    """The op set the model files call now."""
+    return _ACTIVE[0]
+
+
+def activate(ops_: OpSet) -> OpSet:
+    """Make ``ops_`` the active set; returns the previous one."""
+    previous, _ACTIVE[0] = _ACTIVE[0], ops_
+    return previous
+
+
+def run_with(ops_: OpSet, fn: Callable, *args):
+    """``fn(*args)`` with ``ops_`` active (the set restored after)."""
+    if _ACTIVE[0] is ops_:
+        return fn(*args)
+    previous = activate(ops_)
+    try:
+        return fn(*args)
+    finally:
+        activate(previous)
+
+
+# --- the ops the model files call ---------------------------------------------------------------------------
+def in_float32(method: Callable) -> Callable:
+    """Decorator: ``method(self, x, ...)`` runs on x in float32 with autocast off (on both paths); its tensor
+    results go back to x's dtype, or under autocast stay float32 (autocast casts them for the next op)."""
+
+    @functools.wraps(method)
+    def wrapper(self, x, *args):
+        with torch.autocast(x.device.type, enabled=False):
+            results = method(self, x.float(), *args)
+        return results if torch.is_autocast_enabled() else tuple(t.to(x.dtype) for t in results)
+
+    return wrapper
+
+
+def to_internal(x: torch.Tensor) -> torch.Tensor:
+    """x in the memory layout the backbones compute in (a no-op when it is in it already): fast, channels_last
+    (oneDNN's NHWC convolutions measured faster on CPU, the channel LayerNorms need no permute copies, the
+    attention's q/k/v reshapes are views with a contiguous head dim: docs/performance.md); plain, the official
+    contiguous NCHW. Same values either way."""
+    return _ACTIVE[0].to_internal(x)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    weights: nn.Module | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T * scale) v over (..., N, head_dim) tensors; ``mask`` (boolean, broadcast to (..., N_q, N_k))
+    marks the keys each query may attend to. ``weights``: a probe module (``_common.Probe``) that the plain
+    formulation passes the attention weights through (fused kernels never form them; recording forces plain)."""
+    return _ACTIVE[0].attention(q, k, v, scale, mask, weights)
+
+
+def unfold3x3(x: torch.Tensor) -> torch.Tensor:
+    """(B, h, w, C) -> (B, h*w, 9, C): each grid cell's 3x3 neighbourhood (zeros outside the grid), neighbour
+    k = 3 i + j of cell (y, x) being cell (y + i - 1, x + j - 1) (the official Unfold's order)."""
+    return _ACTIVE[0].unfold3x3(x)
+
+
+def fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """The adjoint of ``unfold3x3``: (B, h*w, 9, C) -> (B, h, w, C), each cell summing its neighbours' shares."""
+    return _ACTIVE[0].fold3x3(x, h, w)
+
+
+def conv_ffn(x: torch.Tensor, fc1: nn.Module, act: nn.Module, res: nn.Module, fc2: nn.Module) -> torch.Tensor:
+    """``fc2(res(act(fc1(x))))``, STViT's ConvFFN with the residual depthwise conv ``res``; fast: in row chunks
+    on large CPU maps, large hidden layers recomputed in backward (``_kernels.conv_ffn``)."""
+    return _ACTIVE[0].conv_ffn(x, fc1, act, res, fc2)
+
+
+def row_local(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, convs: Sequence[nn.Module], hidden_channels: int
+) -> torch.Tensor:
+    """``fn(x)`` for a row-local fn (the convolutions ``convs`` one after another, everything else pointwise,
+    ``hidden_channels`` its widest layer); fast: in row chunks on large CPU maps (``_kernels.row_chunked``)."""
+    return _ACTIVE[0].row_local(fn, x, convs, hidden_channels)
