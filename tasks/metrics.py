@@ -138,41 +138,50 @@ class DetectionEvaluator(Metric):
         super().__init__(**kwargs)
         self.with_masks = with_masks
         self.class_names = class_names
-        # one dict of numpy arrays / RLE lists per image (plain objects: they stay on the CPU)
+        # The state is packed (see _PackedImages): ``images`` holds one small tuple per image, ``blocks`` the
+        # large byte blocks that hold the images' arrays and RLE counts.
         self.add_state("images", default=[], dist_reduce_fx=None)
+        self.add_state("blocks", default=[], dist_reduce_fx=None)
 
     def _apply(self, fn: Any, exclude_state: Sequence[str] = ()) -> Any:
-        # Module.to / .cuda must not touch the per-image records (numpy and bytes, not tensors)
-        return super()._apply(fn, exclude_state=(*exclude_state, "images"))
+        # Module.to / .cuda must not touch the packed records (numpy and tuples, not tensors)
+        return super()._apply(fn, exclude_state=(*exclude_state, "images", "blocks"))
+
+    def forward(self, data_samples: Sequence[Any]) -> None:  # type: ignore[override]
+        """Same as ``update`` (a per-batch COCO mAP means nothing)."""
+        self.update(data_samples)
 
     def update(self, data_samples: Sequence[Any]) -> None:  # type: ignore[override]
         for sample in data_samples:
-            pred = sample.pred_instances
-            record = dict(
-                dt_boxes=_boxes_xywh(pred.bboxes),
-                dt_scores=_numpy(pred.scores).astype(np.float64).reshape(-1),
-                dt_labels=_numpy(pred.labels).astype(np.int64).reshape(-1),
-            )
-            parts = [sample.gt_instances]
-            ignored = sample.get("ignored_instances")
-            if ignored is not None and "labels" in ignored:
-                parts.append(ignored)
-            labels = [_numpy(p.labels).astype(np.int64).reshape(-1) for p in parts]
-            record["gt_boxes"] = np.concatenate([_boxes_xywh(p.bboxes) for p in parts])
-            record["gt_labels"] = np.concatenate(labels)
-            record["gt_crowd"] = np.concatenate([np.full(len(x), i) for i, x in enumerate(labels)])  # 1: ignored
-            if all("masks" in p for p in parts):
-                record["gt_areas"] = np.concatenate([_mask_areas(p.masks) for p in parts])
-            else:
-                record["gt_areas"] = record["gt_boxes"][:, 2] * record["gt_boxes"][:, 3]
-            if self.with_masks:
-                self._encode_masks(record, pred, parts, sample.metainfo.get("img_path", ""))
-            if "size" not in record:  # box-only: the image size (unused by box COCOeval)
-                height, width = sample.metainfo.get("ori_shape", (0, 0))
-                record["size"] = [int(width), int(height)]
-            img_id = sample.metainfo.get("img_id", -1)
-            record["img_id"] = int(img_id) if isinstance(img_id, (int, np.integer)) else -1
-            self.images.append(record)
+            _pack(self.images, self.blocks, self._record(sample))
+
+    def _record(self, sample: Any) -> dict:
+        pred = sample.pred_instances
+        record = dict(
+            dt_boxes=_boxes_xywh(pred.bboxes),
+            dt_scores=_numpy(pred.scores).astype(np.float64).reshape(-1),
+            dt_labels=_numpy(pred.labels).astype(np.int64).reshape(-1),
+        )
+        parts = [sample.gt_instances]
+        ignored = sample.get("ignored_instances")
+        if ignored is not None and "labels" in ignored:
+            parts.append(ignored)
+        labels = [_numpy(p.labels).astype(np.int64).reshape(-1) for p in parts]
+        record["gt_boxes"] = np.concatenate([_boxes_xywh(p.bboxes) for p in parts])
+        record["gt_labels"] = np.concatenate(labels)
+        record["gt_crowd"] = np.concatenate([np.full(len(x), i) for i, x in enumerate(labels)])  # 1: ignored
+        if all("masks" in p for p in parts):
+            record["gt_areas"] = np.concatenate([_mask_areas(p.masks) for p in parts])
+        else:
+            record["gt_areas"] = record["gt_boxes"][:, 2] * record["gt_boxes"][:, 3]
+        if self.with_masks:
+            self._encode_masks(record, pred, parts, sample.metainfo.get("img_path", ""))
+        if "size" not in record:  # box-only: the image size (unused by box COCOeval)
+            height, width = sample.metainfo.get("ori_shape", (0, 0))
+            record["size"] = [int(width), int(height)]
+        img_id = sample.metainfo.get("img_id", -1)
+        record["img_id"] = int(img_id) if isinstance(img_id, (int, np.integer)) else -1
+        return record
 
     @staticmethod
     def _encode_masks(record: dict, pred: Any, parts: list, img_path: str) -> None:
@@ -240,17 +249,99 @@ class DetectionEvaluator(Metric):
         # ties between images by image order, so this makes results independent of update / rank order and
         # equal to the official evaluation (which sorts image ids).
         first: dict[int, int] = {}
-        keep = [k for k, r in enumerate(self.images) if r["img_id"] < 0 or first.setdefault(r["img_id"], k) == k]
-        keep.sort(key=lambda k: self.images[k]["img_id"])
-        return [self.images[k] for k in keep]
+        ids = [entry[0] for entry in self.images]
+        keep = [k for k, i in enumerate(ids) if i < 0 or first.setdefault(i, k) == k]
+        keep.sort(key=lambda k: ids[k])
+        return [_unpack(self.images[k], self.blocks, self.with_masks) for k in keep]
 
     def _sync_dist(self, dist_sync_fn: Optional[Any] = None, process_group: Optional[Any] = None) -> None:
-        # Gather each rank's list of per-image records as one object: ranks may hold different numbers of
-        # images (a per-tensor gather would need equal counts), and the records are numpy arrays and bytes.
+        # Gather each rank's packed state as one object (ranks may hold different numbers of images, which a
+        # per-tensor gather could not): its used bytes and its per-image tuples, a few large buffers to pickle
+        # rather than hundreds of thousands of small objects.
         group = process_group or self.process_group
+        used = [0] * len(self.blocks)  # each block's written bytes: only those travel
+        for entry in self.images:
+            used[entry[1]] = max(used[entry[1]], entry[3])
+        local = (list(self.images), [block[:n] for block, n in zip(self.blocks, used, strict=True)])
         gathered: list = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, list(self.images), group=group)
-        self.images = [record for rank_records in gathered for record in rank_records]
+        dist.all_gather_object(gathered, local, group=group)
+        del local
+        images, blocks = [], []
+        for rank_images, rank_blocks in gathered:
+            images += [(i, b + len(blocks), *rest) for i, b, *rest in rank_images]
+            blocks += rank_blocks
+        self.images, self.blocks = images, blocks
+
+
+# Why the state is packed: ``update`` runs between the caller's large temporaries (each image's (N, H, W) mask
+# stack, ~30 MiB at COCO size, and pycocotools' buffers). Once the caller has freed one such stack, glibc
+# raises its mmap threshold to that size (up to 32 MiB), so the following stacks come from the brk heap. Any
+# small long-lived allocation that lands between or inside them (a numpy array's data, an RLE ``bytes`` over
+# 512 bytes: ~10 to 100 per image if each image keeps its own) pins the heap: the freed stacks' holes can no
+# longer be trimmed nor hold the next stack, and the process grows by megabytes per image (measured in
+# tests/test_metrics.py and tools/benchmark_eval.py). So every image's arrays and RLE counts are copied into
+# large append-only blocks of at least _BLOCK_BYTES, which glibc always maps apart from the heap (its mmap
+# threshold never exceeds 32 MiB), and only their pages written are resident; what stays per image is one small
+# tuple (Python's own small-object allocator, not the heap). The per-image dicts are rebuilt in compute().
+_BLOCK_BYTES = 32 << 20
+_DT_COLUMNS = 7  # x, y, w, h, score, label, mask area
+_GT_COLUMNS = 7  # x, y, w, h, label, crowd, area
+
+
+def _used_bytes(images: list) -> int:
+    return images[-1][3] if images else 0  # the last image's end in the last block
+
+
+def _pack(images: list, blocks: list, record: dict) -> None:
+    """Append ``record`` (``DetectionEvaluator._record``) to the packed state: its arrays and counts into the
+    last block (a new one when full), ``(img_id, block, start, end, n_dt, n_gt, *size)`` to ``images``."""
+    n_dt, n_gt = len(record["dt_labels"]), len(record["gt_labels"])
+    dt_areas = record.get("dt_mask_areas", np.zeros(n_dt))
+    dt = np.column_stack([record["dt_boxes"], record["dt_scores"], record["dt_labels"], dt_areas])
+    gt = np.column_stack([record["gt_boxes"], record["gt_labels"], record["gt_crowd"], record["gt_areas"]])
+    counts = [*record.get("dt_masks", ()), *record.get("gt_masks", ())]
+    parts = [dt.astype(np.float64).tobytes(), gt.astype(np.float64).tobytes()]
+    if "dt_masks" in record:
+        parts += [np.array([len(c) for c in counts], np.int64).tobytes(), *counts]
+    size = sum(len(p) for p in parts)
+    start = (_used_bytes(images) + 7) // 8 * 8  # 8-aligned: the arrays are read back as views
+    if not blocks or start + size > len(blocks[-1]):
+        blocks.append(np.empty(max(_BLOCK_BYTES, size), np.uint8))
+        start = 0
+    block, pos = blocks[-1], start
+    for part in parts:
+        block[pos : pos + len(part)] = np.frombuffer(part, np.uint8)
+        pos += len(part)
+    images.append((record["img_id"], len(blocks) - 1, start, pos, n_dt, n_gt, *record["size"]))
+
+
+def _unpack(entry: tuple, blocks: list, with_masks: bool) -> dict:
+    """The record dict of one packed image (arrays are views into its block; counts are ``bytes``)."""
+    img_id, b, start, end, n_dt, n_gt, *size = entry
+    data = blocks[b][start:end]
+    dt_end = n_dt * _DT_COLUMNS * 8
+    gt_end = dt_end + n_gt * _GT_COLUMNS * 8
+    dt = data[:dt_end].view(np.float64).reshape(n_dt, _DT_COLUMNS)
+    gt = data[dt_end:gt_end].view(np.float64).reshape(n_gt, _GT_COLUMNS)
+    record = dict(
+        img_id=img_id,
+        size=size,
+        dt_boxes=dt[:, :4],
+        dt_scores=dt[:, 4],
+        dt_labels=dt[:, 5].astype(np.int64),
+        gt_boxes=gt[:, :4],
+        gt_labels=gt[:, 4].astype(np.int64),
+        gt_crowd=gt[:, 5].astype(np.int64),
+        gt_areas=gt[:, 6],
+    )
+    if with_masks:
+        record["dt_mask_areas"] = dt[:, 6]
+        lens_end = gt_end + (n_dt + n_gt) * 8
+        ends = lens_end + np.cumsum(data[gt_end:lens_end].view(np.int64))
+        starts = np.concatenate([[lens_end], ends[:-1]]).astype(np.int64)
+        counts = [data[i:j].tobytes() for i, j in zip(starts.tolist(), ends.tolist(), strict=True)]
+        record["dt_masks"], record["gt_masks"] = counts[:n_dt], counts[n_dt:]
+    return record
 
 
 def _coco_precision(images: list[dict], cat_ids: list[int], iou_type: str) -> Optional[np.ndarray]:
