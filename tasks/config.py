@@ -1,7 +1,9 @@
-"""Config loading shared by tools/train.py and tools/test.py, and the config text stored in checkpoints."""
+"""Config loading shared by the tools that read a config (``--cfg-options`` parsing included), and the config
+text stored in checkpoints."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import difflib
 import os
@@ -10,10 +12,22 @@ import pprint
 import re
 from typing import Any
 
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 from mmengine.registry import Registry, init_default_scope
 
 SCOPES = ("mmdet", "mmseg")
+CFG_OPTIONS_HELP = "override config keys (values parsed as literals)"
+
+
+def add_cfg_options(parser: argparse.ArgumentParser, help: str = CFG_OPTIONS_HELP) -> None:
+    """``--cfg-options KEY=VALUE ...`` on a command line (the tools that read a config): mmengine's
+    ``DictAction`` parses the values to literals; ``load_config`` applies them.
+
+    Args:
+        parser: the tool's argument parser.
+        help: the option's help text.
+    """
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default={}, metavar="KEY=VALUE", help=help)
 
 
 def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Config:

@@ -24,14 +24,11 @@ tensors' sha256. Any of the first three loads with ``backbones.load_pretrained``
 from __future__ import annotations
 
 import argparse
-import os.path as osp
 import sys
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout, uninstalled
-
-from backbones.export import FORMATS, ExportError  # noqa: E402
-from backbones.pretrained import CheckpointError  # noqa: E402
-from tasks.export import export_backbone  # noqa: E402
+from backbones.export import FORMATS, ExportError
+from backbones.pretrained import CheckpointError
+from tasks.export import export_backbone
 
 
 def parse_args(argv=None) -> argparse.Namespace:

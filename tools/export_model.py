@@ -14,14 +14,11 @@ the file is written atomically and exporting twice gives identical bytes.
 from __future__ import annotations
 
 import argparse
-import os.path as osp
 import sys
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout, uninstalled
-
-from backbones.export import ExportError  # noqa: E402
-from backbones.pretrained import CheckpointError  # noqa: E402
-from tasks.export import export_model  # noqa: E402
+from backbones.export import ExportError
+from backbones.pretrained import CheckpointError
+from tasks.export import export_model
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -26,20 +26,16 @@ from __future__ import annotations
 
 import argparse
 import os.path as osp
-import sys
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout, uninstalled
-
-from mmengine.config import DictAction  # noqa: E402
-
-from tasks import build_task  # noqa: E402
-from tasks.checkpoint_io import load_checkpoint_safely, write_json  # noqa: E402
-from tasks.config import default_work_dir, load_config  # noqa: E402
-from tasks.data import without_annotation_loading  # noqa: E402
-from tasks.submission import SubmissionWriter  # noqa: E402
-from tasks.trainer import build_trainer  # noqa: E402
-from tasks.tta import enable_tta  # noqa: E402
-from tasks.visualize import PredictionWriter  # noqa: E402
+from tasks import build_task
+from tasks.checkpoint_io import write_json
+from tasks.config import add_cfg_options, default_work_dir, load_config
+from tasks.data import without_annotation_loading
+from tasks.export import read_training_checkpoint
+from tasks.submission import SubmissionWriter
+from tasks.trainer import build_trainer
+from tasks.tta import enable_tta
+from tasks.visualize import PredictionWriter
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,23 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="only write the --out-dir submission files: no ground truth, no metrics",
     )
-    parser.add_argument(
-        "--cfg-options",
-        nargs="+",
-        action=DictAction,
-        default={},
-        metavar="KEY=VALUE",
-        help="override config keys (values parsed as literals)",
-    )
+    add_cfg_options(parser)
     return parser.parse_args(argv)
-
-
-def load_plain_checkpoint(module, path: str) -> None:
-    """Load a non-Lightning checkpoint into the mm model (mmengine / mmdet / mmseg release format)."""
-    ckpt = load_checkpoint_safely(path)
-    state = ckpt.get("state_dict", ckpt)
-    state = {k.removeprefix("module."): v for k, v in state.items()}
-    module.model.load_state_dict(state, strict=True)
 
 
 def format_table(metrics: dict) -> str:
@@ -128,10 +109,12 @@ def main(argv=None, callbacks=()) -> dict:
         enable_tta(cfg, module, args.config)
     if not osp.exists(args.checkpoint):
         raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
-    # weights_only + allow-list: a checkpoint holding other Python objects is refused, never unpickled
-    is_lightning = osp.isdir(args.checkpoint) or "pytorch-lightning_version" in load_checkpoint_safely(args.checkpoint)
-    if not is_lightning:
-        load_plain_checkpoint(module, args.checkpoint)
+    # a directory is a sharded Lightning checkpoint; a file is read safely (weights_only + allow-list)
+    ckpt = None if osp.isdir(args.checkpoint) else read_training_checkpoint(args.checkpoint)
+    if ckpt is not None and ckpt.kind != "lightning":
+        module.model.load_state_dict(ckpt.state_dict, strict=True)
+    is_lightning = ckpt is None or ckpt.kind == "lightning"
+    del ckpt
     module.evaluate_test = not args.format_only
     callbacks = list(callbacks)
     if args.show_dir:

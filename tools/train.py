@@ -24,19 +24,16 @@ import os.path as osp
 import sys
 import traceback
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout, uninstalled
+import lightning as L
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from mmengine.logging import MMLogger
 
-import lightning as L  # noqa: E402
-from lightning.fabric.utilities.rank_zero import rank_zero_only  # noqa: E402
-from mmengine.config import DictAction  # noqa: E402
-from mmengine.logging import MMLogger  # noqa: E402
-
-from tasks import build_task  # noqa: E402
-from tasks.checkpoint_io import write_json  # noqa: E402
-from tasks.config import default_work_dir, load_config  # noqa: E402
-from tasks.optim import enable_auto_scale_lr  # noqa: E402
-from tasks.trackers import finish_tracking  # noqa: E402
-from tasks.trainer import build_trainer  # noqa: E402
+from tasks import build_task
+from tasks.checkpoint_io import write_json
+from tasks.config import add_cfg_options, default_work_dir, load_config
+from tasks.optim import enable_auto_scale_lr
+from tasks.trackers import finish_tracking
+from tasks.trainer import build_trainer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,13 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="scale the optimizer's lr by (devices x nodes x train_dataloader.batch_size) / "
         "auto_scale_lr.base_batch_size (the linear scaling rule, as in mmdet)",
     )
-    parser.add_argument(
-        "--cfg-options",
-        nargs="+",
-        action=DictAction,
-        default={},
-        metavar="KEY=VALUE",
-        help="override config keys, e.g. trainer.max_epochs=2 "
+    add_cfg_options(
+        parser,
+        "override config keys, e.g. trainer.max_epochs=2 "
         "train_dataloader.dataset.data_root=data/tiny_coco/ (values parsed as literals)",
     )
     return parser.parse_args(argv)

@@ -29,17 +29,13 @@ from __future__ import annotations
 import argparse
 import os
 import os.path as osp
-import sys
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout, uninstalled
+import torch
 
-import torch  # noqa: E402
-from mmengine.config import DictAction  # noqa: E402
-
-from backbones import CheckpointError, load_pretrained  # noqa: E402
-from backbones.attention_maps import last_blocks, record_attention  # noqa: E402
-from tasks.attention_figures import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride  # noqa: E402
-from tasks.config import build_from_registry, load_config, register_scope  # noqa: E402
+from backbones import CheckpointError, load_pretrained
+from backbones.attention_maps import last_blocks, record_attention
+from tasks.attention_figures import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
+from tasks.config import add_cfg_options, build_from_registry, load_config, register_scope
 
 BACKBONE_TYPES = ("STViT", "HATNet")
 
@@ -76,14 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(default: the super token under --point)",
     )
     parser.add_argument("--device", default="cpu", help="torch device, e.g. 'cpu' or 'cuda' (default: cpu)")
-    parser.add_argument(
-        "--cfg-options",
-        nargs="+",
-        action=DictAction,
-        default={},
-        metavar="KEY=VALUE",
-        help="override config keys (values parsed as literals)",
-    )
+    add_cfg_options(parser)
     return parser.parse_args(argv)
 
 
