@@ -68,3 +68,17 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         pass
     finally:
         os.close(dfd)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Atomic text write (UTF-8)."""
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def write_json(path: str | os.PathLike, obj: dict) -> None:
+    """Atomic JSON write; non-finite floats become null (JSON has no NaN), at any depth."""
+    import json
+
+    from .export import plain_meta  # export imports this module
+
+    write_text(path, json.dumps(plain_meta(obj), indent=2, sort_keys=True) + "\n")

@@ -29,3 +29,58 @@ def rss_gib() -> float:
     """This process's current resident memory (GiB); its peak where the current value cannot be read."""
     kib = _status_kib("VmRSS")
     return kib / 2**20 if kib is not None else peak_rss_gib()
+
+
+def peak_memory_gib(name: str, setting) -> float:
+    """Peak memory (GiB) of iterations of one model of ``perf.models.build`` (weights, gradients and
+    activations): on CUDA ``max_memory_allocated`` of one iteration in this process; on CPU the peak RSS of
+    two iterations in a child process that builds only that model (compiled with ``setting.compile``), so
+    that models do not share a peak.
+
+    Args:
+        name: the model's name for ``perf.models.build``.
+        setting: its ``perf.models.Setting``.
+    """
+    import dataclasses
+    import json
+
+    import torch
+
+    from .child import last_json, run_module
+    from .models import model_and_input
+    from .timing import make_step
+
+    if not str(setting.device).startswith("cuda"):
+        return last_json(run_module("perf.memory", name, json.dumps(dataclasses.asdict(setting))))["max_rss_gib"]
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    model, x = model_and_input(name, setting)
+    make_step(model, x, setting.mode, setting.precision)()
+    del model, x
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def _child(name: str, setting_json: str) -> None:
+    """``python -m perf.memory NAME SETTING``: two iterations, then the peak RSS as the last line (JSON)."""
+    import json
+
+    import torch
+
+    from .models import Setting, model_and_input
+    from .timing import make_step
+
+    setting = Setting(**json.loads(setting_json))
+    setting.size = tuple(setting.size)
+    if setting.threads:
+        torch.set_num_threads(setting.threads)
+    model, x = model_and_input(name, setting)
+    if setting.compile and name == "ours":
+        model = torch.compile(model)
+    step = make_step(model, x, setting.mode, setting.precision)
+    step()
+    step()
+    print(json.dumps({"max_rss_gib": peak_rss_gib()}))
+
+
+if __name__ == "__main__":
+    _child(*sys.argv[1:3])

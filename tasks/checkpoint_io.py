@@ -14,7 +14,6 @@ allow-list, so a crafted checkpoint cannot run code when ``--resume`` / ``tools/
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -24,14 +23,7 @@ from lightning.fabric.plugins.io.checkpoint_io import _PATH
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from backbones.atomic import atomic_write
-from backbones.export import plain_meta
-
-
-def write_json(path: str | os.PathLike, obj: dict) -> None:
-    """Atomic JSON write; non-finite floats become null (JSON has no NaN), at any depth."""
-    text = json.dumps(plain_meta(obj), indent=2, sort_keys=True) + "\n"
-    atomic_write(path, lambda f: f.write(text.encode()))
+from backbones.atomic import atomic_write, write_json  # noqa: F401 - write_json: the tools' JSON results
 
 
 def load_checkpoint_safely(path: str | os.PathLike, map_location: str | torch.device | None = None) -> dict:

@@ -1,0 +1,262 @@
+"""The models the benchmarks measure, built by name: ours, ours on the plain path (``reference``), the official
+code (``official``, from a file that ``perf.official.load_official`` reads), Swin-T and ResNet-50.
+
+Every model returns its four stage outputs as NCHW maps. Only ``swin-t`` without mmdet and ours need no mm
+package (tools/gpu_report.py runs on a machine that has none).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from backbones import HATNet, STViT, fast_paths
+
+FAMILIES = {"stvit": STViT, "hatnet": HATNet}
+# docs/DESIGN.md's shrunk archs (not released variants): the CPU smoke runs of the measuring tools and the tests.
+SHRUNK_ARCHS = {
+    "stvit": dict(
+        embed_dims=[32, 64, 128, 256],
+        depths=[1, 1, 2, 1],
+        num_heads=[1, 2, 4, 8],
+        n_iter=[1, 1, 1, 1],
+        stoken_size=[8, 4, 1, 1],
+        layerscale=[False] * 4,
+        init_values=1e-5,
+    ),
+    "hatnet": dict(
+        dims=[32, 64, 128, 256],
+        head_dim=32,
+        expansions=[4, 4, 4, 4],
+        grid_sizes=[8, 7, 7, 1],
+        ds_ratios=[8, 4, 2, 1],
+        depths=[1, 1, 2, 1],
+        kernel_sizes=[3, 3, 3, 3],
+    ),
+}
+BASELINES = ("reference", "swin-t", "resnet50")
+NAMES = ("ours", "official", *BASELINES)
+COCO_CONFIG = Path(__file__).resolve().parents[1] / "configs/stvit/mask-rcnn_stvit-s_fpn_1x_coco.py"
+
+
+class PlainPath(nn.Module):
+    """The wrapped backbone computing its plain formulation (``backbones.fast_paths(False)``): explicit N x N
+    attention, identity-kernel convolutions for unfold/fold, the official NCHW layout, no row chunks or
+    recomputation; the official code's arithmetic.
+
+    Args:
+        backbone: the model to run on its plain path (its weights are shared, not copied).
+    """
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, x):
+        with fast_paths(False):
+            return self.backbone(x)
+
+
+def build(
+    name: str,
+    family: str = "stvit",
+    arch="small",
+    stoken_size=None,
+    with_cp: bool = False,
+    size=None,
+    official=None,
+) -> nn.Module:
+    """One model of ``NAMES``, seeded (the same weights for ``ours`` and ``reference``), on the CPU.
+
+    Args:
+        name: ``ours``, ``reference`` (ours on its plain path), ``official`` (the official classification
+            model's stages), ``swin-t`` or ``resnet50``.
+        family: ``stvit`` or ``hatnet`` (ours, reference, official).
+        arch: a preset name, an arch dict, or ``'shrunk'`` (``SHRUNK_ARCHS``); Swin-T is shrunk alike with
+            ``'shrunk'``, ResNet-50 is always the full model.
+        stoken_size: STViT super-token sizes per stage (None: the preset's).
+        with_cp: activation checkpointing (ours, reference, mmdet's Swin-T and ResNet-50).
+        size: (H, W) of the input: timm's Swin-T is built for it.
+        official: for ``official``: the module that ``perf.official.load_official`` returned.
+    """
+    torch.manual_seed(0)
+    if name in ("ours", "reference"):
+        kwargs = dict(stoken_size=stoken_size) if stoken_size and family == "stvit" else {}
+        model = FAMILIES[family](SHRUNK_ARCHS[family] if arch == "shrunk" else arch, with_cp=with_cp, **kwargs)
+        return PlainPath(model) if name == "reference" else model
+    if name == "official":
+        from .official import build_official
+
+        return build_official(official, family, arch, stoken_size)
+    if name == "swin-t":
+        return swin_t(size, shrunk=arch == "shrunk", with_cp=with_cp)
+    if name == "resnet50":
+        return _mmdet_backbone(
+            dict(
+                type="ResNet",
+                depth=50,
+                out_indices=(0, 1, 2, 3),
+                frozen_stages=-1,
+                norm_cfg=dict(type="BN", requires_grad=True),
+                with_cp=with_cp,
+            )
+        )
+    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(NAMES)}")
+
+
+@dataclasses.dataclass
+class Setting:
+    """One measurement: which model, on which input, how it is timed (the benchmark tools' common options).
+
+    Args:
+        family: ``stvit`` or ``hatnet``.
+        arch: a preset of ``family``, an arch dict, or ``'shrunk'`` (``SHRUNK_ARCHS``).
+        size: (H, W) of the input.
+        batch: images per iteration.
+        mode: ``train`` (forward + backward) or ``infer``.
+        device: torch device.
+        precision: ``fp32``, ``bf16`` or ``fp16`` (autocast; fp16 training with a GradScaler).
+        stoken_size: STViT super-token sizes per stage (None: the preset's).
+        with_cp: activation checkpointing.
+        compile: ours under ``torch.compile`` (inductor).
+        warmup: untimed iterations first.
+        repeat: timed iterations.
+        official: the official model file (for the ``official`` model).
+        threads: torch's CPU threads in child processes (0: torch's default).
+    """
+
+    family: str = "stvit"
+    arch: str | dict = "small"
+    size: tuple = (448, 672)
+    batch: int = 1
+    mode: str = "train"
+    device: str = "cpu"
+    precision: str = "fp32"
+    stoken_size: list | None = None
+    with_cp: bool = False
+    compile: bool = False
+    warmup: int = 1
+    repeat: int = 3
+    official: str | None = None
+    threads: int = 0
+
+    @classmethod
+    def of(cls, args, **changes) -> Setting:
+        """The setting of a tool's parsed arguments (the attributes it has of these fields), then ``changes``."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return dataclasses.replace(cls(**{k: getattr(args, k) for k in names if hasattr(args, k)}), **changes)
+
+
+def model_for(name: str, s: Setting) -> nn.Module:
+    """``build(name, ...)`` for setting ``s``, on ``s.device``: ``s.arch`` shapes ours, the reference and the
+    official model; the baselines are the full models."""
+    official = None
+    if name == "official":
+        from .official import load_official
+
+        official = load_official(s.official)[0]
+    arch = s.arch if name in ("ours", "reference", "official") else "small"
+    return build(name, s.family, arch, s.stoken_size, s.with_cp, s.size, official).to(s.device)
+
+
+def model_and_input(name: str, s: Setting):
+    """(``model_for(name, s)``, a random input of ``s.batch`` x 3 x ``s.size`` on ``s.device``)."""
+    model = model_for(name, s)
+    torch.manual_seed(1)
+    return model, torch.randn(s.batch, 3, *s.size, device=s.device)
+
+
+def dense_stoken_size(config=COCO_CONFIG) -> list[int]:
+    """``dense_stoken_size`` of the COCO config, read as a literal (mmengine is not needed to read it)."""
+    for node in ast.parse(Path(config).read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "dense_stoken_size" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise SystemExit(f"{config} has no `dense_stoken_size = [...]`; the dense STViT rows read it from there")
+
+
+# ---- Swin-T: mmdet's, else timm's, else torchvision's (the same architecture) ----------------------------
+SWIN_SOURCES = ("mmdet", "timm", "torchvision")
+
+
+def swin_source() -> str:
+    """The first of ``SWIN_SOURCES`` that imports, with its version: where ``swin_t`` takes Swin-T from."""
+    for name in SWIN_SOURCES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        return f"{name} {module.__version__}"
+    raise ImportError("Swin-T needs mmdet, timm or torchvision; none is installed")
+
+
+def swin_t(size=None, shrunk: bool = False, with_cp: bool = False, source: str | None = None) -> nn.Module:
+    """Swin-T (random weights) returning its four stage outputs as NCHW maps.
+
+    Args:
+        size: (H, W) of the input (timm builds its position tables for it).
+        shrunk: embed dim 32, depths 1, 1, 2, 1, heads 1, 2, 4, 8 (the CPU smoke runs).
+        with_cp: activation checkpointing (mmdet's model only).
+        source: one of ``SWIN_SOURCES``; None: ``swin_source()``'s.
+    """
+    source = source or swin_source().split()[0]
+    if source not in SWIN_SOURCES:
+        raise ValueError(f"Swin-T source {source!r}: choose one of {', '.join(SWIN_SOURCES)}")
+    arch = dict(embed_dims=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8)) if shrunk else {}
+    if source == "mmdet":
+        cfg = dict(dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24]), **arch)
+        return _mmdet_backbone(
+            dict(type="SwinTransformer", window_size=7, out_indices=(0, 1, 2, 3), with_cp=with_cp, **cfg)
+        )
+    if with_cp:
+        raise ValueError(f"with_cp: only mmdet's Swin-T checkpoints activations; Swin-T comes from {source} here")
+    return _NHWCStages(source, size, arch)
+
+
+class _NHWCStages(nn.Module):
+    """timm's or torchvision's Swin-T with its stage outputs (NHWC in both) permuted to NCHW."""
+
+    def __init__(self, source: str, size, arch: dict):
+        super().__init__()
+        if source == "timm":
+            import timm
+
+            names = dict(embed_dims="embed_dim", depths="depths", num_heads="num_heads")  # timm's argument names
+            kwargs = dict(features_only=True, img_size=size, pretrained=False)
+            kwargs.update({names[k]: v for k, v in arch.items()})
+            try:
+                self.net = timm.create_model("swin_tiny_patch4_window7_224", strict_img_size=False, **kwargs)
+            except TypeError:  # older timm: no strict_img_size
+                self.net = timm.create_model("swin_tiny_patch4_window7_224", **kwargs)
+        else:
+            import torchvision
+
+            if arch:
+                depths, heads = arch["depths"], arch["num_heads"]
+                model = torchvision.models.SwinTransformer([4, 4], arch["embed_dims"], depths, heads, [7, 7])
+            else:
+                model = torchvision.models.swin_t()
+            f = model.features
+            self.net = nn.ModuleList([nn.Sequential(f[0], f[1])] + [nn.Sequential(f[i], f[i + 1]) for i in (2, 4, 6)])
+
+    def forward(self, x):
+        if isinstance(self.net, nn.ModuleList):
+            outs = []
+            for stage in self.net:
+                x = stage(x)
+                outs.append(x)
+        else:
+            outs = self.net(x)
+        return tuple(o.permute(0, 3, 1, 2) for o in outs)
+
+
+def _mmdet_backbone(cfg: dict) -> nn.Module:
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+
+    register_all_modules()
+    return MODELS.build(cfg)

@@ -1,0 +1,150 @@
+"""The official model code (hhb072/STViT ``models/stvit.py``, yun-liu/HAT-Net ``HAT_Net.py``), loaded from a
+local copy and run unchanged; only the loop over its stages is ours. It returns each stage's last-block output,
+the tensors our backbones return.
+
+Packages the files import at the top but this project does not install (timm; for STViT also fvcore and
+scipy, which it uses only in its own test code) get minimal stand-ins while the file's imports run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn as nn
+from torchvision.ops import StochasticDepth
+
+from backbones import load_pretrained
+
+REPOS = "hhb072/STViT (models/stvit.py) or yun-liu/HAT-Net (HAT_Net.py)"
+
+
+def _unavailable(name):
+    def fail(*args, **kwargs):
+        raise RuntimeError(f"{name} is a stand-in of perf/official.py; install the package to use it")
+
+    return fail
+
+
+def _to_2tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x, x)
+
+
+def _drop_path(drop_prob=0.0, *args, **kwargs):
+    return StochasticDepth(drop_prob, "row")  # timm's DropPath: per-sample, rescaled by 1 / (1 - p)
+
+
+# Module -> attributes of its stand-in, for the top-level imports of the two official files.
+_STANDINS = {
+    "timm": {},
+    "timm.models": {},
+    "timm.models.layers": dict(DropPath=_drop_path, to_2tuple=_to_2tuple, trunc_normal_=nn.init.trunc_normal_),
+    "timm.models.registry": dict(register_model=lambda fn: fn),
+    "timm.models.vision_transformer": dict(_cfg=lambda **kwargs: dict(kwargs)),
+    "fvcore": {},
+    "fvcore.nn": dict(
+        FlopCountAnalysis=_unavailable("fvcore.nn.FlopCountAnalysis"),
+        flop_count_table=_unavailable("fvcore.nn.flop_count_table"),
+    ),
+    "scipy": {},
+    "scipy.io": {},
+}
+
+
+def load_official(path) -> tuple[types.ModuleType, str]:
+    """The official model file as a module, and its family ('stvit' or 'hatnet')."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"official model file {path} not found: clone {REPOS} and pass that file")
+    absent = {top for top in {name.split(".")[0] for name in _STANDINS} if importlib.util.find_spec(top) is None}
+    standins = {}
+    for name, attrs in _STANDINS.items():
+        if name.split(".")[0] in absent:
+            standins[name] = types.ModuleType(name)
+            standins[name].__dict__.update(attrs)
+    saved = {name: sys.modules.get(name) for name in standins}
+    sys.modules.update(standins)
+    try:  # the stand-ins are needed only while the file's imports run
+        spec = importlib.util.spec_from_file_location(f"official_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for name, previous in saved.items():
+            if previous is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = previous
+    if hasattr(module, "StokenAttention") and hasattr(module, "STViT"):
+        return module, "stvit"
+    if hasattr(module, "HAT_Net"):
+        return module, "hatnet"
+    raise SystemExit(f"{path} defines neither STViT (with StokenAttention) nor HAT_Net: pass the model file of {REPOS}")
+
+
+class OfficialStages(nn.Module):
+    """An official classification model's stage outputs: its own modules, in its own order, without the head.
+
+    Args:
+        model: the official classification model.
+        family: ``stvit`` or ``hatnet``.
+    """
+
+    def __init__(self, model: nn.Module, family: str):
+        super().__init__()
+        self.model, self.family = model, family
+
+    def forward(self, x):
+        m, outs = self.model, []
+        if self.family == "stvit":
+            x = m.pos_drop(m.patch_embed(x))
+            stages = [(layer.blocks, layer.downsample) for layer in m.layers]
+        else:
+            x = m.patch_embed(x)
+            stages = list(zip(m.blocks, (m.ds2, m.ds3, m.ds4, None)))
+        for blocks, downsample in stages:
+            for block in blocks:
+                x = block(x)
+            outs.append(x)
+            if downsample is not None:
+                x = downsample(x)
+        return tuple(outs)
+
+
+def build_official(module, family: str, arch: str, stoken_size=None) -> OfficialStages:
+    """The official ``stvit_<arch>`` / ``HAT_Net_<arch>`` of ``module`` (seeded), with STViT's super-token sizes
+    set to ``stoken_size`` (None: its own)."""
+    name = f"stvit_{arch}" if family == "stvit" else f"HAT_Net_{arch}"
+    builder = getattr(module, name, None)
+    if builder is None:
+        prefix = "stvit_" if family == "stvit" else "HAT_Net_"
+        known = sorted(k[len(prefix) :] for k in vars(module) if k.startswith(prefix))
+        raise SystemExit(f"the official file has no {name}(); its variants: {', '.join(known)}")
+    torch.manual_seed(0)
+    if family == "stvit":
+        model = builder(SimpleNamespace(drop=0.0, drop_path=0.0))  # its training script's args
+        for layer, size in zip(model.layers, stoken_size or ()):
+            for block in layer.blocks:  # read at every forward: the same switch as our stoken_size argument
+                block.attn.stoken_size = (size, size)
+    else:
+        model = builder()
+    return OfficialStages(model, family)
+
+
+def ours_and_official(module, family: str, arch: str = "small", stoken_size=None) -> tuple[nn.Module, OfficialStages]:
+    """(ours, official): the official model and our backbone carrying its weights, loaded by
+    ``backbones.load_pretrained`` exactly as a released checkpoint is."""
+    from .models import build
+
+    official = build_official(module, family, arch, stoken_size)
+    ours = build("ours", family, arch, stoken_size)
+    load_pretrained(ours, official.model.state_dict())
+    return ours, official
+
+
+def max_relative_difference(a_outs, b_outs) -> float:
+    """The largest relative difference of paired outputs: max |a - b| / max |a| per output."""
+    return max(float((a - b).abs().max() / a.abs().max()) for a, b in zip(a_outs, b_outs))

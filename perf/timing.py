@@ -1,0 +1,105 @@
+"""Timing: one benchmark iteration as a callable, timed with CUDA events (CUDA) or perf_counter (CPU), models
+timed round-robin, and inference throughput as the STViT paper measures it."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def make_step(model, x, mode: str, precision: str):
+    """One iteration as a callable: inference under no_grad, or forward + backward of the sum of the stage
+    outputs' means. bf16 / fp16 run under autocast; fp16 training scales the loss with a GradScaler and
+    unscales the gradients (its inf/NaN check), as Lightning's ``16-mixed`` does before an optimizer step.
+    The call does not wait for CUDA kernels: time it with ``timed_call``. ``step.scaler`` is the GradScaler
+    (None without one)."""
+    dtype = AMP_DTYPES.get(precision)
+    autocast = torch.autocast(x.device.type, dtype=dtype) if dtype else nullcontext()
+    model.train(mode == "train")
+    scaler = holder = None
+    if precision == "fp16" and mode == "train":
+        scaler = torch.amp.GradScaler(x.device.type)
+        holder = torch.optim.SGD(model.parameters(), lr=0.0)  # unscale_ reads its param groups; never stepped
+
+    def step():
+        if mode == "train":
+            model.zero_grad(set_to_none=True)
+            with autocast:
+                outs = model(x)
+            loss = sum(o.float().mean() for o in outs)
+            if scaler is None:
+                loss.backward()
+            else:
+                scaler.scale(loss).backward()
+                scaler.unscale_(holder)
+                scaler.update()
+        else:
+            with torch.no_grad(), autocast:
+                model(x)
+
+    step.scaler = scaler
+    return step
+
+
+def timed_call(fn, device) -> float:
+    """Seconds that ``fn()`` takes on ``device``: on CUDA between two CUDA events (the kernels' time, waited
+    for), else perf_counter."""
+    if torch.device(device).type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def repeated(step, device, warmup: int, repeat: int) -> list[float]:
+    """Seconds of each of ``repeat`` calls of ``step`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        step()
+    return [timed_call(step, device) for _ in range(repeat)]
+
+
+def time_models(models: dict, x, mode: str, precision: str, warmup: int, repeat: int) -> dict:
+    """{name: median seconds per iteration} of every model on input ``x``, timed round-robin (each round times
+    every model once) so that the machine's noise hits every model alike."""
+    steps = {k: make_step(m, x, mode, precision) for k, m in models.items()}
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times = {k: [] for k in steps}
+    for _ in range(repeat):
+        for k, step in steps.items():
+            times[k].append(timed_call(step, x.device))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def throughput(model, x, warmup: int, repeat: int, precision: str = "fp32") -> float:
+    """Images per second of inference as the STViT paper's ``throughput()`` measures it: eval mode, no_grad,
+    ``warmup`` iterations, then ``repeat`` iterations timed together (one wait for the GPU at the end)."""
+    step = make_step(model.eval(), x, "infer", precision)
+    for _ in range(warmup):
+        step()
+    seconds = timed_call(lambda: [step() for _ in range(repeat)], x.device)
+    return repeat * x.shape[0] / seconds
+
+
+def compiled(model, x, mode: str, precision: str, backend: str = "inductor"):
+    """``torch.compile(model)``, compiled by one step here so that the compile time is reported (stderr) and
+    returned, not timed. Returns (compiled model, seconds of compiling and the first step)."""
+    t0 = time.perf_counter()
+    model = torch.compile(model, backend=backend)
+    timed_call(make_step(model, x, mode, precision), x.device)  # waits for the GPU too
+    seconds = time.perf_counter() - t0
+    print(f"note: torch.compile + first step: {seconds:.0f} s", file=sys.stderr)
+    return model, seconds

@@ -1,0 +1,43 @@
+"""perf.models: the one model builder of the measuring tools. Swin-T comes from whichever library is installed
+(mmdet on the test machine, timm or torchvision on a GPU machine without mm packages): the sources must be the
+same architecture, or the reports' "vs Swin-T" columns would compare different baselines."""
+
+import pytest
+import torch
+
+from perf.models import NAMES, PlainPath, build, swin_t
+
+
+@pytest.mark.parametrize("shrunk", [True, False])
+def test_swin_t_is_the_same_architecture_from_mmdet_and_torchvision(shrunk):
+    pytest.importorskip("mmdet")
+    mm, tv = swin_t(shrunk=shrunk, source="mmdet"), swin_t(shrunk=shrunk, source="torchvision")
+    # the same weights but for the LayerNorms: mmdet normalises every stage output, torchvision only the last one
+    params = [
+        sum(p.numel() for mod in m.modules() if not isinstance(mod, torch.nn.LayerNorm) for p in mod.parameters(False))
+        for m in (mm, tv)
+    ]
+    assert params[0] == params[1]
+    x = torch.randn(1, 3, 64, 96)
+    mm.eval(), tv.eval()  # mmdet's train() returns None: not chained
+    with torch.no_grad():
+        shapes = [[tuple(o.shape) for o in m(x)] for m in (mm, tv)]
+    assert shapes[0] == shapes[1] and len(shapes[0]) == 4
+    assert shapes[0][0] == (1, 32 if shrunk else 96, 16, 24)  # NCHW at stride 4
+
+
+def test_reference_is_ours_on_the_plain_path_with_the_same_weights():
+    ours, ref = build("ours", "hatnet", "shrunk"), build("reference", "hatnet", "shrunk")
+    assert isinstance(ref, PlainPath)
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), ref.backbone.state_dict().values()))
+    x = torch.randn(1, 3, 56, 56)
+    with torch.no_grad():
+        for a, b in zip(ours.eval()(x), ref.eval()(x)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_unknown_names_are_refused_with_the_choices():
+    with pytest.raises(ValueError, match="unknown model 'swin-b'; choose one of " + ", ".join(NAMES)):
+        build("swin-b")
+    with pytest.raises(ValueError, match="Swin-T source 'keras'"):
+        swin_t(source="keras")
