@@ -1,5 +1,5 @@
-"""tools/get_flops.py: attention counted on CPU, parts that add up, the backbone part equal to a count of the
-backbone alone with the attention written out."""
+"""tools/get_flops.py and perf/flops.py: attention counted on CPU, parts that add up, the backbone part equal to a
+count of the backbone alone with the attention written out."""
 
 import json
 
@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from perf import flops
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
 get_flops = load_tool("get_flops")
@@ -25,7 +26,7 @@ def test_sdpa_on_cpu_counts_as_explicit_attention():
         F.scaled_dot_product_attention(q, k, v)
     with FlopCounterMode(display=False) as explicit:
         _explicit_attention(q, k, v)
-    with get_flops.flop_counter() as ours:
+    with flops.flop_counter() as ours:
         out = F.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(out, _explicit_attention(q, k, v), atol=1e-5, rtol=1e-4)
     assert explicit.get_total_flops() == 2 * 2 * 4 * 256 * 200 * (64 + 32)  # q k^T and attn v, 2 flops per MAC
@@ -65,7 +66,7 @@ def test_get_flops_parts_and_backbone(config, shape, parts, tmp_path, capsys):
     assert sum(saved["parts"].values()) == pytest.approx(saved["gflops"], rel=1e-9)
     assert all(v > 0 for v in saved["parts"].values())
     assert saved["parts"]["backbone"] == pytest.approx(_backbone_alone(config, shape), rel=1e-9)
-    module = get_flops.build_model(config)
+    module = flops.build_model(config)
     assert saved["params_m"] == pytest.approx(sum(p.numel() for p in module.parameters()) / 1e6)
     assert "GMACs" in capsys.readouterr().out
 
@@ -73,7 +74,7 @@ def test_get_flops_parts_and_backbone(config, shape, parts, tmp_path, capsys):
 def test_default_shapes_and_bad_shape():
     from tasks.config import load_config
 
-    assert get_flops.default_shape(load_config(DET_CFG)) == (800, 1280)
-    assert get_flops.default_shape(load_config(SEG_CFG)) == (512, 512)
+    assert flops.default_shape(load_config(DET_CFG)) == (800, 1280)
+    assert flops.default_shape(load_config(SEG_CFG)) == (512, 512)
     with pytest.raises(SystemExit):
         get_flops.parse_args([DET_CFG, "--shape", "1", "2", "3"])
