@@ -1,11 +1,13 @@
-"""tools/compare_official.py. The official model files are not in this repository: the comparisons run when
-STVIT_OFFICIAL_FILE / HATNET_OFFICIAL_FILE name a local copy (hhb072/STViT models/stvit.py, yun-liu/HAT-Net
-HAT_Net.py); the loading and error paths always run."""
+"""tools/compare_official.py and perf/official.py. The official model files are not in this repository: the
+comparisons run when STVIT_OFFICIAL_FILE / HATNET_OFFICIAL_FILE name a local copy (hhb072/STViT models/stvit.py,
+yun-liu/HAT-Net HAT_Net.py); the loading and error paths always run."""
 
 import os
 import sys
 
 import pytest
+
+from perf.official import load_official
 
 from ._tools import load_tool
 
@@ -31,7 +33,7 @@ def test_other_file_is_refused_and_import_standins_are_removed(tmp_path):
     )
     before = set(sys.modules)
     with pytest.raises(SystemExit, match="defines neither STViT .* nor HAT_Net"):
-        compare.load_official(other)
+        load_official(other)
     assert not {m for m in set(sys.modules) - before if m.split(".")[0] in ("timm", "fvcore")}
 
 
