@@ -1,32 +1,41 @@
-"""tools/benchmark.py: what its tables print is computed from the models it names, on small inputs."""
+"""tools/benchmark.py and the perf modules it calls: what its tables print is computed from the models it names,
+on small inputs."""
 
+import dataclasses
+import json
 import math
 
 import pytest
 
 import backbones
+from perf import scaling, speed, variants
+from perf.memory import peak_memory_gib
+from perf.models import BASELINES, Setting, model_and_input
+from perf.timing import compiled
 
 from ._tools import load_tool
 
 benchmark = load_tool("benchmark")
 
 
-def _args(*argv):
-    return benchmark.parse_args(["--repeat", "1", "--warmup", "0", *argv])
+def _setting(**changes):
+    return Setting(repeat=1, warmup=0, **changes)
 
 
 def test_defaults_follow_the_mode():
     plain, throughput = benchmark.parse_args([]), benchmark.parse_args(["--throughput"])
     assert (plain.size, plain.batch) == ((448, 672), 1)
     assert (throughput.size, throughput.batch) == ((224, 224), 64)
+    setting = Setting.of(benchmark.parse_args(["--size", "64x96", "--stoken-size", "8,4,2,1", "--threads", "1"]))
+    assert (setting.size, setting.stoken_size, setting.threads) == ((64, 96), [8, 4, 2, 1], 1)
 
 
 def test_compare_times_every_baseline_and_counts_the_model_math():
     # 256x256: STViT's stage 3 has 256 tokens, so its attention takes the oneDNN kernel that the flop
     # counter cannot see (7 % of the MACs at this size); the count, on the plain path, must still equal the
     # reference's (the same backbone on its plain path).
-    rows = {r["model"]: r for r in benchmark.run(_args("--size", "256x256", "--compare", "--no-memory"))}
-    assert set(rows) == {"ours", *benchmark.BASELINES}
+    rows = {r["model"]: r for r in speed.run(_setting(size=(256, 256)), compare=True, memory=False)}
+    assert set(rows) == {"ours", *BASELINES}
     ours, ref = rows["ours"], rows["reference"]
     assert ours["gmacs"] == ref["gmacs"]
     assert ours["params_m"] == ref["params_m"]
@@ -39,20 +48,20 @@ def test_compare_times_every_baseline_and_counts_the_model_math():
 
 
 def test_peak_memory_is_measured_in_a_child_process():
-    peak = benchmark.peak_memory_gib("ours", _args("--size", "64x64"))
+    peak = peak_memory_gib("ours", _setting(size=(64, 64)))
     assert 0.1 < peak < 24
 
 
 def test_throughput_table_has_every_variant_and_the_paper_figures_only_at_224():
-    lines = benchmark.throughput_table(_args("--throughput", "--batch", "2", "--size", "64x64")).splitlines()[2:]
+    lines = variants.throughput_table(_setting(batch=2, size=(64, 64))).splitlines()[2:]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     assert [c[0] for c in cells] == ["stvit-small", "stvit-base", "stvit-large"]
     assert all(float(c[5]) > 0 and c[6] == "n/a" for c in cells)
 
 
 def test_variants_table_matches_the_papers_parameter_counts():
-    lines = benchmark.variants_table().splitlines()[2:]
-    assert len(lines) == len(benchmark.PAPER)
+    lines = variants.variants_table().splitlines()[2:]
+    assert len(lines) == len(variants.PAPER)
     for line in lines:
         name, _, _, ours_with_head, paper = [c.strip() for c in line.strip("|").split("|")]
         params, gmacs = map(float, ours_with_head.split(" / "))
@@ -65,11 +74,10 @@ def test_compiled_backbone_matches_eager():
     # --compile: inductor on CPU, on the smallest model and input (compile times: docs/performance.md).
     import torch
 
-    args = _args("--family", "hatnet", "--arch", "tiny", "--size", "64x64", "--mode", "infer", "--compile")
-    model, x = benchmark._model_and_input("ours", args)
+    model, x = model_and_input("ours", _setting(family="hatnet", arch="tiny", size=(64, 64)))
     with torch.no_grad():
         eager = model.eval()(x)
-        outs = benchmark.compiled(model, x, args)(x)
+        outs = compiled(model, x, "infer", "fp32")[0](x)
     for a, b in zip(outs, eager):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
@@ -78,26 +86,38 @@ def test_scaling_times_every_model_at_every_size_and_plots_each_curve(tmp_path):
     sizes = ("64x96", "224x224")
     import torch
 
-    args = _args("--scaling", "--sizes", *sizes, "--arch", "shrunk", "--no-memory")
+    args = benchmark.parse_args(["--scaling", "--sizes", *sizes, "--arch", "shrunk"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 12 short steps: two threads' barriers cost more than they share on a busy machine
     try:
-        rows = benchmark.scaling(args)
+        setting = dataclasses.replace(Setting.of(args), repeat=1, warmup=0)
+        rows = scaling.scaling(setting, args.sizes, args.dense_stoken_size, memory=False)
     finally:
         torch.set_num_threads(threads)
-    labels = [label if name == "swin-t" else f"{label} [shrunk]" for label, name, *_ in benchmark.SCALING_MODELS]
+    labels = [label if name == "swin-t" else f"{label} [shrunk]" for label, name, *_ in scaling.SCALING_MODELS]
     assert [(r["model"], r["size"]) for r in rows] == [(m, s) for s in sizes for m in labels]
     # the plain formulation runs at any size (HAT-Net's border windows padded and masked, unlike the official code)
     assert all(r["seconds"] > 0 and not r["note"] for r in rows)
-    table = benchmark.scaling_tables(rows).splitlines()
+    table = scaling.scaling_tables(rows).splitlines()
     assert table[0] == "| s/iter (train step) | 64x96 | 224x224 |"
     for label in labels:
         cells = next(line for line in table if line.startswith(f"| {label} |")).strip("|").split("|")
         assert all(float(c) > 0 for c in cells[1:]), label
-    fig = benchmark.scaling_plot(rows, tmp_path / "scaling.png")
+    fig = scaling.scaling_plot(rows, tmp_path / "scaling.png")
     time_axes, memory_axes = fig.axes
     points = {line.get_label(): len(line.get_xdata()) for line in time_axes.get_lines()}
     assert {label: points[label] for label in labels} == {label: len(sizes) for label in labels}
     assert time_axes.get_xscale() == time_axes.get_yscale() == "log"
     assert not memory_axes.get_lines()  # --no-memory: nothing drawn there
     assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_command_line_prints_the_rows_and_writes_them_as_json(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    argv = ["--arch", "shrunk", "--size", "64x64", "--no-memory", "--repeat", "1", "--warmup", "0"]
+    benchmark.main([*argv, "--threads", "1", "--json", str(out)])
+    (row,) = json.loads(out.read_text())
+    assert row["model"] == "ours" and row["size"] == "64x64" and row["seconds"] > 0 and row["gmacs"] > 0
+    assert row["peak_gib"] is None  # --no-memory: NaN, written as JSON's null
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split()[:3] == ["model", "arch", "size"] and printed[1].split()[0] == "ours"

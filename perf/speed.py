@@ -1,0 +1,113 @@
+"""Ours against the baselines on one input: seconds per iteration (timed round-robin in this process, so that
+the ratios are fair on a noisy machine), peak memory (each model alone), parameters and GMACs; and the
+speed table of docs/performance.md built from such runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import torch
+
+from .flops import count_gmacs
+from .memory import peak_memory_gib
+from .models import BASELINES, Setting, model_and_input, model_for
+from .timing import compiled, time_models
+
+# The speed table's rows: (family, super-token sizes: None = the preset's, "dense" = the dense-prediction ones).
+TABLE_CONFIGS = (("stvit", None), ("stvit", "dense"), ("hatnet", None))
+
+
+def runnable(models: dict, x, failed: dict, size) -> dict:
+    """The models that run one image of ``x`` (evaluation mode); the others' first error line goes to
+    ``failed`` and stderr (a baseline that cannot run at a size is reported and left out)."""
+    ok = {}
+    for name, model in models.items():
+        try:
+            with torch.no_grad():
+                model.eval()  # mm backbones' train() returns None: not chained
+                model(x[:1])
+        except RuntimeError as e:
+            failed[name] = str(e).splitlines()[0]
+            print(f"note: {name} cannot run at {size[0]}x{size[1]}: {failed[name]}", file=sys.stderr)
+            continue
+        ok[name] = model
+    return ok
+
+
+def run(s: Setting, compare: bool = False, memory: bool = True) -> list[dict]:
+    """One row per model (ours, and with ``compare`` every one of ``BASELINES``): params, GMACs, median
+    seconds, peak GiB (NaN without ``memory``) and the speed-ups against the baselines."""
+    h, w = s.size
+    ours, x = model_and_input("ours", s)
+    models = {"ours": ours, **{name: model_for(name, s) for name in (BASELINES if compare else ())}}
+    failed = {}
+    models = runnable(models, x, failed, s.size)
+    del ours
+    if "ours" in failed:
+        raise SystemExit(f"benchmark failed at {h}x{w}: {failed['ours']}")
+    timed = dict(models)
+    if s.compile:  # the eager model is timed too, round-robin with the compiled one
+        timed["ours"], timed["eager"] = compiled(models["ours"], x, s.mode, s.precision)[0], models["ours"]
+    times = time_models(timed, x, s.mode, s.precision, s.warmup, s.repeat)
+    if s.compile:
+        print(
+            f"note: compiled {times['ours']:.3f} s/iter, eager {times['eager']:.3f} s/iter: "
+            f"{times['eager'] / times['ours']:.2f}x",
+            file=sys.stderr,
+        )
+    rows = [
+        dict(
+            model=name,
+            family=s.family if name in ("ours", "reference") else name,
+            arch=s.arch,
+            size=f"{h}x{w}",
+            batch=s.batch,
+            mode=s.mode,
+            precision=s.precision,
+            stoken_size=s.stoken_size,
+            params_m=sum(p.numel() for p in model.parameters()) / 1e6,
+            gmacs=count_gmacs(model, x[:1]),
+            seconds=times[name],
+        )
+        for name, model in models.items()
+    ]
+    del models, timed
+    for row in rows:
+        row["peak_gib"] = peak_memory_gib(row["model"], s) if memory else float("nan")
+        for base in BASELINES:
+            key = "speedup_vs_reference" if base == "reference" else f"speedup_vs_{base}"
+            row[key] = (times[base] / times[row["model"]]) if base in times else None
+    return rows
+
+
+def speed_table(s: Setting, dense_stoken_size, memory: bool = True) -> tuple[str, list[dict]]:
+    """(Markdown table, its rows): every ``TABLE_CONFIGS`` row at 448x672 and 800x1344, train mode, ``arch``
+    small, against every baseline, with peak memory; ``dense_stoken_size`` for the dense rows."""
+    lines = [
+        "| backbone | input | s/iter | vs reference | vs Swin-T | vs ResNet-50 | peak GiB (ref / Swin-T / R50) "
+        "| GMACs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    fmt = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
+    all_rows = []
+    for size in ((448, 672), (800, 1344)):
+        for family, stoken in TABLE_CONFIGS:
+            stoken_size = dense_stoken_size if stoken == "dense" else None
+            a = dataclasses.replace(s, family=family, arch="small", size=size, mode="train", stoken_size=stoken_size)
+            rows = run(a, compare=True, memory=memory)
+            all_rows += rows
+            by = {r["model"]: r for r in rows}
+            ours = by["ours"]
+            name = {"stvit": "STViT-S", "hatnet": "HAT-Net-S"}[family]
+            if stoken == "dense":
+                name += f" stoken {','.join(map(str, stoken_size))}"
+            peaks = " / ".join(f"{by[k]['peak_gib']:.2f}" if k in by else "n/a" for k in BASELINES)
+            lines.append(
+                f"| {name} | {size[0]}x{size[1]} | {ours['seconds']:.2f} "
+                f"| {fmt(ours['speedup_vs_reference'])} "
+                f"| {fmt(ours['speedup_vs_swin-t'])} | {fmt(ours['speedup_vs_resnet50'])} "
+                f"| {ours['peak_gib']:.2f} ({peaks}) | {ours['gmacs']:.1f} |"
+            )
+            print(lines[-1], file=sys.stderr, flush=True)
+    return "\n".join(lines), all_rows
