@@ -1,0 +1,333 @@
+"""The GPU report (tools/gpu_report.py): its plans, its models by key, its time budget and its Markdown. The
+sections it measures are ``perf/gpu_sections.py``'s. Needs only torch, ``backbones`` and Swin-T's source (mmdet,
+timm or torchvision): no mm package is imported on the way."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+import traceback
+from typing import NamedTuple
+
+import torch
+
+from .models import SHRUNK_ARCHS, build, dense_stoken_size
+from .official import load_official, ours_and_official
+from .report import Failure, cell, section
+from .variants import PAPER
+
+EXACT_TOLERANCE = 1e-4  # max relative difference of fp32 outputs that counts as the same computation
+
+
+class Plan(NamedTuple):
+    """Sizes and iteration counts of one run."""
+
+    exact_sizes: tuple  # (H, W): the detection size, one that divides every grid, one that divides none
+    train_size: tuple
+    train_batch: int
+    train_warmup: int
+    train_iters: int
+    tp_size: tuple
+    tp_batch: int
+    tp_warmup: int
+    tp_iters: int
+    variants: tuple  # (name, family, arch) of the throughput rows
+    shrunk: bool  # docs/DESIGN.md's shrunk archs instead of the small variants (and a shrunk Swin-T)
+    compile_models: tuple
+    compile_backend: str
+    compile_timeout_s: float
+    budget_s: float
+
+
+FULL = Plan(
+    exact_sizes=((800, 1344), (896, 1344), (805, 1211)),
+    train_size=(800, 1344),
+    train_batch=2,
+    train_warmup=3,
+    train_iters=10,
+    tp_size=(224, 224),
+    tp_batch=64,
+    tp_warmup=50,
+    tp_iters=30,
+    variants=tuple((f"{f}-{a}", f, a) for f, a in PAPER),
+    shrunk=False,
+    compile_models=("stvit-s-dense", "hatnet-s", "stvit-s"),
+    compile_backend="inductor",
+    compile_timeout_s=200,
+    budget_s=480,
+)
+# CPU smoke run: every code path of the full run on the shrunk archs (a CPU has no fast fp16 / bf16 kernels,
+# so even the small variants' half-precision steps are slow there), at sizes whose stage maps still exercise the
+# padding (72x100 divides no grid). torch.compile with the eager backend: dynamo's graph capture (graph breaks,
+# guards) and the child-process plumbing, without inductor's C++ code generation or AOTAutograd (both slow on
+# a CPU; figures in docs/performance.md, "GPU report").
+QUICK = Plan(
+    exact_sizes=((64, 96), (224, 224), (72, 100)),
+    train_size=(64, 96),
+    train_batch=1,
+    train_warmup=1,
+    train_iters=2,
+    tp_size=(32, 32),
+    tp_batch=2,
+    tp_warmup=1,
+    tp_iters=2,
+    variants=tuple((f"{f}-shrunk", f, SHRUNK_ARCHS[f]) for f in ("stvit", "hatnet")),
+    shrunk=True,
+    compile_models=("stvit-s-dense",),
+    compile_backend="eager",
+    compile_timeout_s=300,
+    budget_s=110,
+)
+
+
+def attempt(notes: list | None, label: str, fn, *args):
+    """fn(*args), or a Failure naming the exception (also added to ``notes`` with its traceback, under
+    ``label``); out-of-memory frees the cache so that the next row starts clean."""
+    try:
+        return fn(*args)
+    except Exception as e:  # one row's failure (OOM, compile error, unsupported size) must not end the run
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        first = (str(e).strip().splitlines() or [""])[0]
+        if notes is not None:
+            notes.append(f"{label}: {type(e).__name__}: {first}\n\n```\n{traceback.format_exc(limit=-3)}```")
+        return Failure(f"{type(e).__name__}: {first[:90]}")
+
+
+class Budget:
+    """The run's time budget: rows that would start after ``seconds`` are skipped.
+
+    Args:
+        seconds: the budget, counted from construction.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds, self.start = seconds, time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.seconds - self.elapsed()
+
+    def skip(self) -> Failure | None:
+        return Failure(f"skipped: past the {self.seconds:.0f} s time budget") if self.left() <= 0 else None
+
+    def progress(self, what: str) -> None:
+        print(f"[{self.elapsed():5.0f} s] {what}", file=sys.stderr, flush=True)
+
+
+MODEL_NAMES = {
+    "stvit-s": "STViT-S",
+    "stvit-s-dense": "STViT-S dense",
+    "hatnet-s": "HAT-Net-S",
+    "official-stvit-s": "official STViT-S",
+    "official-stvit-s-dense": "official STViT-S dense",
+    "official-hatnet-s": "official HAT-Net-S",
+    "swin-t": "Swin-T",
+}
+
+
+class Models:
+    """The report's models by key (``MODEL_NAMES``), built seeded on the CPU by ``perf.models.build``.
+
+    Args:
+        official_stvit: hhb072/STViT's ``models/stvit.py`` (None: no official STViT rows).
+        official_hatnet: yun-liu/HAT-Net's ``HAT_Net.py`` (None: no official HAT-Net rows).
+        shrunk: docs/DESIGN.md's shrunk archs (and a shrunk Swin-T) instead of the small variants.
+    """
+
+    def __init__(self, official_stvit=None, official_hatnet=None, shrunk=False):
+        self.dense, self.shrunk = dense_stoken_size(), shrunk
+        self.official = {}
+        for path, family in ((official_stvit, "stvit"), (official_hatnet, "hatnet")):
+            if path:
+                module, found = load_official(path)
+                if found != family:
+                    raise SystemExit(f"--official-{family} {path} is the {found} model file; pass {family}'s")
+                self.official[family] = module
+
+    def ours_keys(self):
+        return ["stvit-s", "stvit-s-dense", "hatnet-s"]
+
+    def keys(self):
+        keys = self.ours_keys()
+        if "stvit" in self.official:
+            keys += ["official-stvit-s", "official-stvit-s-dense"]
+        if "hatnet" in self.official:
+            keys += ["official-hatnet-s"]
+        return keys + ["swin-t"]
+
+    def family(self, key) -> str:
+        return "stvit" if "stvit" in key else "hatnet"
+
+    def shrunk_for(self, key) -> bool:
+        """Shrunk in --quick, except where the official model is given: its weights need the small variant."""
+        return (
+            self.shrunk
+            and not key.startswith("official")
+            and (key == "swin-t" or self.family(key) not in self.official)
+        )
+
+    def label(self, key):
+        name = MODEL_NAMES[key] + (" (shrunk)" if self.shrunk_for(key) else "")
+        return name + f" {','.join(map(str, self.dense))}" if key.endswith("dense") else name
+
+    def stoken(self, key):
+        return self.dense if key.endswith("dense") else None
+
+    def build(self, key, size=None, family_arch=None):
+        """The model of ``key``, or with ``family_arch`` = (family, arch) that variant of ours."""
+        if family_arch:
+            return build("ours", *family_arch)
+        arch = "shrunk" if self.shrunk_for(key) else "small"
+        if key == "swin-t":
+            return build("swin-t", arch=arch, size=size)
+        family = self.family(key)
+        if key.startswith("official-"):
+            return build("official", family, "small", self.stoken(key), official=self.official[family])
+        return build("ours", family, arch, self.stoken(key))
+
+    def with_official_weights(self, key):
+        """(ours, official or None): ours carries the official model's weights when the official file is given."""
+        family = self.family(key)
+        if family not in self.official:
+            return self.build(key), None
+        return ours_and_official(self.official[family], family, "small", self.stoken(key))
+
+
+def tf32_state() -> str:
+    try:  # torch refuses to read the legacy flags after a mix of its legacy and new TF32 APIs
+        return f"matmul {torch.backends.cuda.matmul.allow_tf32}, cuDNN {torch.backends.cudnn.allow_tf32}"
+    except RuntimeError as e:
+        return f"unknown ({str(e)[:80]})"
+
+
+def device_name(device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"CPU {model or platform.processor()} ({os.cpu_count()} logical cores, {torch.get_num_threads()} threads)"
+
+
+def render(ctx: dict, sections: dict) -> str:
+    """The Markdown report of the sections measured so far (``ctx``: plan, device, quick, budget, notes, command,
+    date, swin_source, finished)."""
+    plan, device = ctx["plan"], ctx["device"]
+    out = [
+        "# GPU report: STViT and HAT-Net backbones",
+        "",
+        f"- date: {ctx['date']}",
+        f"- device: {device_name(device)}",
+        f"- torch {torch.__version__}, CUDA {torch.version.cuda or 'n/a'}, "
+        f"cuDNN {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else 'n/a'}; "
+        f"Swin-T from {ctx['swin_source']}",
+        f"- command: `{ctx['command']}`",
+        f"- mode: {'quick (docs/DESIGN.md shrunk archs)' if ctx['quick'] else 'full'}; "
+        f"time budget {plan.budget_s:.0f} s; "
+        f"timing: {'CUDA events' if device.type == 'cuda' else 'perf_counter'} after warm-up; "
+        f"TF32 for the timed rows: {tf32_state()} (torch's defaults; the exactness rows turn both off)",
+        "",
+    ]
+    if "exactness" in sections:
+        out += section(
+            "Exactness (fp32, TF32 off, batch 1, evaluation mode)",
+            "Largest relative difference of the four stage outputs (max |a - b| / max |a| per stage). The same "
+            f"computation in another kernel order differs by about 1e-6; over {EXACT_TOLERANCE:.0e} is marked "
+            "CHECK. Sizes: the detection size, one that every grid divides, one that no grid divides. The "
+            "official and plain HAT-Net run only where every stage map divides by its window grid.",
+            [
+                "model",
+                "input",
+                f"{device.type} vs CPU fast paths",
+                f"vs plain formulation on {device.type}",
+                f"vs official on {device.type}",
+                "status",
+            ],
+            [
+                [
+                    r["model"],
+                    f"{r['size'][0]}x{r['size'][1]}",
+                    *(cell(r[k], "{:.1e}") for k in ("cpu", "plain", "official")),
+                    _status(r),
+                ]
+                for r in sections["exactness"]
+            ],
+        )
+    h, w = plan.train_size
+    if "training" in sections:
+        out += section(
+            f"Training step ({h}x{w}, batch {plan.train_batch})",
+            f"Forward and backward of the sum of the four stage outputs' means, median of {plan.train_iters} "
+            f"iterations after {plan.train_warmup} warm-up (min-max in brackets). bf16 / fp16: autocast; "
+            "fp16 scales the loss with a GradScaler and unscales the gradients, as Lightning's `16-mixed`. "
+            "Peak: max_memory_allocated of the row (weights and gradients included). finite: every gradient "
+            "of the last iteration is finite. vs Swin-T: Swin-T's s/iter / the row's, same precision.",
+            ["model", "precision", "s/iter", "peak GiB", "vs Swin-T", "finite grads"],
+            [
+                [
+                    r["model"],
+                    r["precision"],
+                    _seconds(r),
+                    cell(r.get("peak"), "{:.2f}"),
+                    cell(r.get("vs_swin"), "{:.2f}x"),
+                    cell(r.get("finite")) + (f" (scale {r['scale']:.0f})" if "scale" in r else ""),
+                ]
+                for r in sections["training"]
+            ],
+        )
+    if "throughput" in sections:
+        out += section(
+            f"Throughput ({plan.tp_size[0]}x{plan.tp_size[1]}, batch {plan.tp_batch}, inference)",
+            f"Images/s as the STViT paper's `throughput()` measures it: eval mode, no_grad, {plan.tp_warmup} "
+            f"warm-up then {plan.tp_iters} timed iterations; cuDNN benchmark mode on. Backbones without the "
+            "classification head (< 0.1 GMACs of STViT-S's 4.4). The paper's figures are fp32 on its own "
+            "GPU, the whole classifier.",
+            ["model", "fp32 images/s", "bf16 images/s", "paper images/s (fp32)"],
+            [
+                [r["model"], cell(r.get("fp32"), "{:.0f}"), cell(r.get("bf16"), "{:.0f}"), cell(r["paper"], "{:.0f}")]
+                for r in sections["throughput"]
+            ],
+        )
+    if "compile" in sections:
+        out += section(
+            f"torch.compile (training step, bf16, {h}x{w}, batch {plan.train_batch})",
+            f"`torch.compile(model, backend='{plan.compile_backend}')` in a child process per model (time limit "
+            f"{plan.compile_timeout_s:.0f} s or what is left of the budget); compile s = the first compiled step.",
+            ["model", "compile s", "eager s/iter", "compiled s/iter", "speed-up"],
+            [
+                [
+                    r["model"],
+                    cell(r.get("compile_s"), "{:.1f}"),
+                    cell(r.get("eager")),
+                    cell(r.get("compiled")),
+                    cell(r.get("speedup"), "{:.2f}x"),
+                ]
+                for r in sections["compile"]
+            ],
+        )
+    if ctx.get("finished"):
+        out += [f"Total wall time: {ctx['budget'].elapsed():.0f} s.", ""]
+    if ctx["notes"]:
+        out += ["## Errors", ""] + [f"- {n}" for n in ctx["notes"]] + [""]
+    return "\n".join(out)
+
+
+def _status(r) -> str:
+    values = [r[k] for k in ("cpu", "plain", "official") if isinstance(r.get(k), float)]
+    if not values:
+        return "n/a"
+    return "ok" if max(values) <= EXACT_TOLERANCE else "CHECK"
+
+
+def _seconds(r) -> str:
+    if not isinstance(r["seconds"], float):
+        return cell(r["seconds"])
+    lo, hi = r["spread"]
+    return f"{r['seconds']:.3f} ({lo:.3f}-{hi:.3f})"
