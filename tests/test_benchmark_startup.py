@@ -3,6 +3,7 @@ and both set-ups (mmdet's plain build, the project's train loader) run on it in 
 
 import json
 
+from perf.startup import COCO_IDS
 from tests._tools import load_tool
 
 bench = load_tool("benchmark_startup")
@@ -13,7 +14,7 @@ def test_generated_file_and_both_setups(tmp_path):
     ann_file = next(tmp_path.rglob("instances_train2017.json"))
     data = json.loads(ann_file.read_text())
     assert len(data["images"]) == 300 and len(data["annotations"]) == 2100
-    assert [c["id"] for c in data["categories"]] == bench.COCO_IDS and len(bench.COCO_IDS) == 80
+    assert [c["id"] for c in data["categories"]] == COCO_IDS and len(COCO_IDS) == 80
     portrait = sum(i["width"] < i["height"] for i in data["images"])
     assert 0.1 < portrait / 300 < 0.3  # a third drawn upright, of which 3 in 5 sizes are not square
     n_points = [len(a["segmentation"][0]) // 2 for a in data["annotations"]]

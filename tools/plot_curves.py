@@ -18,13 +18,9 @@ import csv
 import fnmatch
 import math
 import re
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from backbones.atomic import atomic_write  # noqa: E402
+from perf.report import save_figure
 
 GROUPS = ("losses", "learning rate", "validation metrics", "other training values")
 LINESTYLES = ("-", "--", ":", "-.")
@@ -113,7 +109,7 @@ def plot_curves(work_dirs, out, keys=None):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=90))
+    save_figure(fig, out)
     return fig
 
 
