@@ -1,6 +1,6 @@
-"""tools/make_tiny_data.py: COCO / ADE20K layouts, annotation consistency, determinism, mm loaders."""
+"""tools/make_tiny_data.py and tasks/tiny_data.py: COCO / ADE20K layouts, annotation consistency, determinism, mm
+loaders."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("make_tiny_data", ROOT / "tools" / "make_tiny_data.py")
-mtd = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mtd)
+from tasks import tiny_data as mtd
+from tests._tools import load_tool
+
+make_tiny_data = load_tool("make_tiny_data")
 
 # pycocotools' mask.decode trips a NumPy 2 copy-keyword DeprecationWarning (harmless; not ours).
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
@@ -20,7 +20,7 @@ COUNTS = dict(coco_train=12, coco_val=6, ade_train=6, ade_val=4)
 
 
 def _generate(out, seed=0):
-    return mtd.main(
+    return make_tiny_data.main(
         [
             "--out",
             str(out),
