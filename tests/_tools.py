@@ -3,25 +3,10 @@
 import importlib.util
 import os.path as osp
 
-# docs/DESIGN.md's shrunk archs for CPU tests (not released variants)
-STVIT_T = dict(
-    embed_dims=[32, 64, 128, 256],
-    depths=[1, 1, 2, 1],
-    num_heads=[1, 2, 4, 8],
-    n_iter=[1, 1, 1, 1],
-    stoken_size=[8, 4, 1, 1],
-    layerscale=[False] * 4,
-    init_values=1e-5,
-)
-HATNET_T = dict(
-    dims=[32, 64, 128, 256],
-    head_dim=32,
-    expansions=[4, 4, 4, 4],
-    grid_sizes=[8, 7, 7, 1],
-    ds_ratios=[8, 4, 2, 1],
-    depths=[1, 1, 2, 1],
-    kernel_sizes=[3, 3, 3, 3],
-)
+from perf.models import SHRUNK_ARCHS
+
+# docs/DESIGN.md's shrunk archs for CPU tests (not released variants), as the measuring tools' smoke runs use them
+STVIT_T, HATNET_T = SHRUNK_ARCHS["stvit"], SHRUNK_ARCHS["hatnet"]
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py")

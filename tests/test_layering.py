@@ -1,5 +1,5 @@
 """backbones/ is pure PyTorch: it imports nothing of Lightning, mmengine's config code or this repository's
-tasks/ and tools/ (reading training checkpoints and configs is tasks/'s job), at module level or inside
+tasks/, tools/ and perf/ (reading training checkpoints and configs is tasks/'s job), at module level or inside
 functions."""
 
 import ast
@@ -10,7 +10,7 @@ import sys
 from tests._tools import REPO
 
 BACKBONES = pathlib.Path(REPO) / "backbones"
-FORBIDDEN = ("lightning", "pytorch_lightning", "mmengine.config", "mmengine.Config", "tasks", "tools", "tests")
+FORBIDDEN = ("lightning", "pytorch_lightning", "mmengine.config", "mmengine.Config", "tasks", "tools", "tests", "perf")
 
 
 def imported_names(path: pathlib.Path) -> list[tuple[int, str]]:
@@ -60,3 +60,15 @@ def test_importing_every_backbones_module_loads_no_lightning_and_no_tasks():
     top_level = set(ast.literal_eval(out.stdout.strip().splitlines()[-1]))
     assert "backbones" in top_level
     assert not top_level & {"lightning", "pytorch_lightning", "lightning_fabric", "tasks"}
+
+
+def test_tasks_import_nothing_of_the_measurement_package():
+    # perf/ measures the library; the library must run without it (perf/__init__.py)
+    files = sorted((pathlib.Path(REPO) / "tasks").rglob("*.py"))
+    bad = [
+        f"{p.relative_to(REPO)}:{line}: {n}"
+        for p in files
+        for line, n in imported_names(p)
+        if n.split(".")[0] == "perf"
+    ]
+    assert len(files) > 5 and bad == []
