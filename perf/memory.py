@@ -1,4 +1,4 @@
-"""Process memory probes (Linux ``/proc``; ``resource`` elsewhere)."""
+"""Process memory probes (Linux ``/proc``; ``resource`` elsewhere), and a model's peak memory measured alone."""
 
 import resource
 import sys
