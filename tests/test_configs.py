@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import backbones  # noqa: E402,F401  (registers STViT / HATNet in the mmdet and mmseg registries)
+from tests._tools import HATNET_T, STVIT_T  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 PAPER_CONFIGS = sorted(
@@ -48,28 +49,9 @@ def _id(path):
     return str(path.relative_to(CONFIG_DIR))
 
 
-# Shrunk archs for CPU tests (docs/DESIGN.md). STViT's layer scale is switched on in the last two
+# The shrunk archs for CPU tests (tests/_tools.py). STViT's layer scale is switched on in the last two
 # stages (as in the base / large presets) so that the gamma parameters are exercised too.
-SHRUNK_ARCH = {
-    "STViT": dict(
-        embed_dims=[32, 64, 128, 256],
-        depths=[1, 1, 2, 1],
-        num_heads=[1, 2, 4, 8],
-        n_iter=[1, 1, 1, 1],
-        stoken_size=[8, 4, 1, 1],
-        layerscale=[False, False, True, True],
-        init_values=1e-5,
-    ),
-    "HATNet": dict(
-        dims=[32, 64, 128, 256],
-        head_dim=32,
-        expansions=[4, 4, 4, 4],
-        grid_sizes=[8, 7, 7, 1],
-        ds_ratios=[8, 4, 2, 1],
-        depths=[1, 1, 2, 1],
-        kernel_sizes=[3, 3, 3, 3],
-    ),
-}
+SHRUNK_ARCH = {"STViT": dict(STVIT_T, layerscale=[False, False, True, True]), "HATNet": HATNET_T}
 SHRUNK_CHANNELS = [32, 64, 128, 256]
 
 # Released variants: name letter -> (arch, stage channels).
