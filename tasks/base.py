@@ -210,6 +210,7 @@ class MMTaskModule(L.LightningModule):
             num_devices=trainer.num_devices,
             num_nodes=trainer.num_nodes,
             batch_size=self.cfg.train_dataloader.batch_size,
+            accumulation=trainer.accumulate_grad_batches,
         )
         schedulers = build_schedulers(
             optimizer,

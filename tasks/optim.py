@@ -8,8 +8,10 @@ stepped by Lightning through ``LightningModule.lr_scheduler_step``: per optimize
 
 ``auto_scale_lr = dict(base_batch_size=N, enable=...)`` (mmdet's bases define it, e.g. 16 for COCO; enabled
 by ``tools/train.py --auto-scale-lr``): mmengine's linear scaling rule, every parameter group's lr times
-(devices x nodes x ``train_dataloader.batch_size``) / N, applied before the schedules record their
-``initial_lr``.
+(devices x nodes x ``train_dataloader.batch_size`` x gradient accumulation) / N, applied before the schedules
+record their ``initial_lr``. Unlike mmdet's ``Runner.scale_lr``, which ignores ``accumulative_counts``, the total
+batch counts accumulation: one optimizer step averages the gradients of that many images, so 4 GPUs x 2 images
+x 2 accumulation take the lr of the paper's 8 x 2 (see docs/training.md).
 """
 
 from __future__ import annotations
@@ -51,31 +53,38 @@ def enable_auto_scale_lr(cfg: Config, config_path: str) -> None:
     if not isinstance(base, int) or isinstance(base, bool) or base <= 0:
         raise ValueError(
             f"--auto-scale-lr: {config_path} has no auto_scale_lr.base_batch_size (got auto_scale_lr={auto or None}). "
-            "It is the total batch size (GPUs x images per GPU) the config's lr was set for, e.g. 16 for "
-            "mmdet's COCO schedules: add auto_scale_lr = dict(base_batch_size=16) to the config or pass "
+            "It is the total batch size (GPUs x images per GPU x accumulation) the config's lr was set for, e.g. "
+            "16 for mmdet's COCO schedules: add auto_scale_lr = dict(base_batch_size=16) to the config or pass "
             "--cfg-options auto_scale_lr.base_batch_size=16."
         )
     cfg.merge_from_dict({"auto_scale_lr.enable": True})
 
 
 def scale_lr(
-    optimizer: Optimizer, auto_scale_lr_cfg: dict | None, *, num_devices: int, num_nodes: int, batch_size: int
+    optimizer: Optimizer,
+    auto_scale_lr_cfg: dict | None,
+    *,
+    num_devices: int,
+    num_nodes: int,
+    batch_size: int,
+    accumulation: int = 1,
 ) -> None:
     """mmengine's ``Runner.scale_lr``: when ``auto_scale_lr.enable``, multiply every parameter group's lr
     (and ``initial_lr``, which the schedules start from and checkpoints record) by the ratio of the real
-    total batch size to ``auto_scale_lr.base_batch_size``. Logs one line with the values."""
+    total batch size (devices x nodes x batch_size x accumulation: the images of one optimizer step) to
+    ``auto_scale_lr.base_batch_size``. Logs one line with the values."""
     if not auto_scale_lr_cfg or not auto_scale_lr_cfg.get("enable", False):
         return
     base = auto_scale_lr_cfg["base_batch_size"]
-    ratio = num_devices * num_nodes * batch_size / base
+    total = num_devices * num_nodes * batch_size * accumulation
     old = optimizer.param_groups[0]["lr"]
     for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * ratio
+        group["lr"] = group["lr"] * total / base
         group["initial_lr"] = group["lr"]
     rank_zero_info(
-        f"auto_scale_lr: lr {old:.6g} -> {optimizer.param_groups[0]['lr']:.6g} = {old:.6g} x "
-        f"(devices {num_devices} x nodes {num_nodes} x batch_size {batch_size}) / "
-        f"base_batch_size {base}"
+        f"auto_scale_lr: total batch {total} = devices {num_devices} x nodes {num_nodes} x batch_size "
+        f"{batch_size} x accumulation {accumulation}; lr {old:.6g} -> {optimizer.param_groups[0]['lr']:.6g} "
+        f"= {old:.6g} x {total} / base_batch_size {base}"
     )
 
 

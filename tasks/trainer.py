@@ -6,6 +6,14 @@ listing the valid ones). Defaults come from the mm sections when the trainer sec
 clipping) and ``optim_wrapper.accumulative_counts`` (gradient accumulation). ``loggers = [dict(type=...), ...]``
 holds Lightning logger classes (experiment trackers: tasks/trackers.py).
 
+Gradient accumulation (``optim_wrapper.accumulative_counts = N``, mm's key, or ``trainer.accumulate_grad_batches
+= N``): one optimizer step per N batches, on the mean of their gradients (Lightning divides each batch's loss by
+N). Every step count of the config counts optimizer steps, so that a run with accumulation follows the same
+curves per image seen as one with N times the GPUs: ``max_steps`` / ``train_cfg.max_iters``, the schedules'
+iterations (``by_epoch=False``; Lightning steps them per optimizer step), ``checkpoint_every_n_steps`` and an
+integer ``val_check_interval`` (multiplied by N here, as Lightning counts it in batches). mmengine instead counts
+``max_iters`` and iteration-based schedules in batches.
+
 Top-level reliability keys (besides ``nonfinite_loss``, see tasks/nonfinite.py):
 
 * ``checkpoint_every_n_steps = N``: also write ``last.ckpt`` every N optimizer steps (a second
@@ -67,6 +75,28 @@ def _strategy(spec):
     return spec
 
 
+def _accumulation(kwargs: dict, optim_cfg: dict) -> int:
+    """Batches per optimizer step: ``trainer.accumulate_grad_batches`` or mm's ``optim_wrapper.accumulative_counts``
+    (either; both only when equal)."""
+    given = {
+        key: value
+        for key, value in (
+            ("trainer.accumulate_grad_batches", kwargs.get("accumulate_grad_batches")),
+            ("optim_wrapper.accumulative_counts", optim_cfg.get("accumulative_counts")),
+        )
+        if value is not None
+    }
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be a positive integer (batches per optimizer step), got {value!r}")
+    if len(set(given.values())) > 1:
+        raise ValueError(
+            f"gradient accumulation given twice with different values: {given}; set one of them "
+            "(e.g. --cfg-options optim_wrapper.accumulative_counts=N) or both to the same N"
+        )
+    return next(iter(given.values()), 1)
+
+
 def _uses_gpu(accelerator) -> bool:
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
@@ -100,8 +130,11 @@ def trainer_kwargs(cfg: Config) -> dict:
             kwargs.update(gradient_clip_val=clip["max_norm"], gradient_clip_algorithm="norm")
         else:
             kwargs.update(gradient_clip_val=clip["clip_value"], gradient_clip_algorithm="value")
-    if optim_cfg.get("accumulative_counts", 1) > 1:
-        kwargs.setdefault("accumulate_grad_batches", optim_cfg["accumulative_counts"])
+    accumulation = _accumulation(kwargs, optim_cfg)
+    if accumulation > 1:
+        kwargs["accumulate_grad_batches"] = accumulation
+        if isinstance(kwargs.get("val_check_interval"), int):  # counted in optimizer steps, like max_steps
+            kwargs["val_check_interval"] *= accumulation
 
     if "strategy" in kwargs:
         kwargs["strategy"] = _strategy(kwargs["strategy"])

@@ -179,7 +179,8 @@ def test_auto_scale_lr_scales_to_the_real_batch_logs_and_checkpoints_it(data_dir
     assert groups[0]["initial_lr"] == pytest.approx(1.25e-4)
     out = capfd.readouterr()  # Lightning's console handler, or the log capture where pytest's root logger has one
     assert (
-        "auto_scale_lr: lr 0.001 -> 0.000125 = 0.001 x (devices 1 x nodes 1 x batch_size 2) / base_batch_size 16"
+        "auto_scale_lr: total batch 2 = devices 1 x nodes 1 x batch_size 2 x accumulation 1; "
+        "lr 0.001 -> 0.000125 = 0.001 x 2 / base_batch_size 16"
     ) in out.out + out.err + caplog.text
 
 
