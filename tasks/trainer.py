@@ -19,6 +19,9 @@ Top-level reliability keys (besides ``nonfinite_loss``, see tasks/nonfinite.py):
 * ``checkpoint_every_n_steps = N``: also write ``last.ckpt`` every N optimizer steps (a second
   ModelCheckpoint, independent of ``checkpoint_callback.monitor``), so that a killed job resumes with
   ``--resume`` from at most N steps back, mid-epoch included, and repeats the uninterrupted run exactly.
+* ``requeue_signal = 'SIGUSR1'``: the cluster's warning signal before it stops the job (SLURM's
+  ``--signal=USR1@120``); on it, or on SIGTERM, training stops at the next optimizer step with a checkpoint
+  and the SLURM job is requeued (tasks/restart.py).
 * ``trainer.strategy = dict(type='ddp', timeout=SECONDS)``: the process-group timeout (a number of seconds
   is turned into a ``timedelta``): how long a rank waits in a collective for a peer that died.
 """
@@ -32,6 +35,7 @@ from collections.abc import Iterable
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from mmengine.config import Config
@@ -39,6 +43,7 @@ from mmengine.config import Config
 from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
 from .progress import is_iteration_based, step_progress_bar
+from .restart import Preemption
 from .trackers import RunReport, build_loggers
 
 TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
@@ -191,7 +196,11 @@ def build_trainer(
         kwargs.setdefault("logger", False)
         kwargs["enable_checkpointing"] = False
     else:
-        callbacks += [RNGStates(), FiniteWeightsGuard()]
+        callbacks += [
+            RNGStates(),
+            FiniteWeightsGuard(),
+            Preemption(os.path.join(work_dir, "last.ckpt"), cfg.get("requeue_signal") or "SIGUSR1"),
+        ]
         if kwargs.get("enable_checkpointing", True):
             callbacks.append(checkpoint_callback(cfg, work_dir))
             every = cfg.get("checkpoint_every_n_steps")
@@ -214,5 +223,9 @@ def build_trainer(
             and not any(isinstance(c, ProgressBar) for c in callbacks)
         ):
             callbacks.append(step_progress_bar())  # counts iterations, not epochs of an endless loop
+    plugins = [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect() and not TorchElasticEnvironment.detect():
+        # Lightning's SLURM ranks and nodes, without its own requeue handler (tasks/restart.py says why).
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     os.makedirs(work_dir, exist_ok=True)
-    return L.Trainer(default_root_dir=work_dir, callbacks=callbacks, plugins=[AtomicCheckpointIO()], **kwargs)
+    return L.Trainer(default_root_dir=work_dir, callbacks=callbacks, plugins=plugins, **kwargs)

@@ -80,6 +80,16 @@ def ddp_opts(devices):
     ]
 
 
+def assert_same_training_state(a, b):
+    """Two checkpoints hold bit-identical weights, buffers, optimizer states and lr schedules."""
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for k in a["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(sa[n], sb[n]) for n in sa)
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+
+
 def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
     """Runs ``cmd`` (``steps`` optimizer steps, ``per_epoch`` batches an epoch, last.ckpt every 3 steps) once
     uninterrupted and once SIGKILLed mid-epoch then resumed; returns the final checkpoint."""
@@ -120,12 +130,7 @@ def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
     assert proc.returncode == 0, proc.stderr[-4000:]
     a, b = _ckpt(ref / "last.ckpt"), _ckpt(run / "last.ckpt")
     assert a["global_step"] == b["global_step"] == steps
-    assert a["state_dict"].keys() == b["state_dict"].keys()
-    for k in a["state_dict"]:
-        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
-    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
-        assert all(torch.equal(sa[n], sb[n]) for n in sa)
-    assert a["lr_schedulers"] == b["lr_schedulers"]
+    assert_same_training_state(a, b)
     assert [p for p in os.listdir(run) if p.endswith(".tmp")] == []
     print(
         f"killed after the checkpoint of step {killed_at} of {steps}; uninterrupted run "

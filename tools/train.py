@@ -1,15 +1,19 @@
 #!/usr/bin/env python
 """Train an mmdet / mmseg model from an mmengine config, with Lightning running the loop.
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--auto-scale-lr] [--cfg-options KEY=VALUE ...]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--auto-scale-lr] [--cfg-options KEY=VALUE ...]
 
 Devices, nodes, strategy, precision... come from the config's ``trainer = dict(...)`` (lightning.Trainer
 kwargs), overridable like any key: ``--cfg-options trainer.devices=4 trainer.strategy=ddp``.
 The work dir (default ``work_dirs/<config stem>``) receives the resolved config, ``last.ckpt``, the best
 checkpoint when ``checkpoint_callback.monitor`` is set, CSV / TensorBoard logs (or the trackers of the config's
 ``loggers`` section, see tasks/trackers.py and docs/training.md) and, at the end, ``metrics.json`` (the last
-validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``.
+validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``;
+``--resume auto`` does when it exists and starts fresh otherwise (what a requeued or restarted job runs).
 ``--auto-scale-lr`` scales the lr to the real total batch size (see tasks/optim.py and docs/training.md).
+
+On SIGUSR1 (the config's ``requeue_signal``) or SIGTERM, training stops at the next optimizer step with a
+checkpoint, a SLURM job is requeued, and the process exits with status 75 (tasks/restart.py).
 
 A process that fails prints ``rank R failed: <error>`` and exits with status 1; under Lightning's DDP
 launcher the other ranks are then killed (see tasks/trainer.py for the process-group timeout).
@@ -32,6 +36,7 @@ from tasks import build_task
 from tasks.checkpoint_io import write_json
 from tasks.config import add_cfg_options, default_work_dir, load_config
 from tasks.optim import enable_auto_scale_lr
+from tasks.restart import resume_checkpoint
 from tasks.trackers import finish_tracking
 from tasks.trainer import build_trainer
 
@@ -45,13 +50,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         nargs="?",
         const="last",
         metavar="CKPT",
-        help="resume training from CKPT (default: WORK_DIR/last.ckpt)",
+        help="resume training from CKPT (default: WORK_DIR/last.ckpt); 'auto': from WORK_DIR/last.ckpt when it "
+        "exists, else start fresh",
     )
     parser.add_argument(
         "--auto-scale-lr",
         action="store_true",
-        help="scale the optimizer's lr by (devices x nodes x train_dataloader.batch_size) / "
-        "auto_scale_lr.base_batch_size (the linear scaling rule, as in mmdet)",
+        help="scale the optimizer's lr by (devices x nodes x train_dataloader.batch_size x gradient accumulation) "
+        "/ auto_scale_lr.base_batch_size (the linear scaling rule; mmdet leaves accumulation out)",
     )
     add_cfg_options(
         parser,
@@ -82,11 +88,7 @@ def main(argv=None, callbacks=()) -> dict:
     if args.auto_scale_lr:
         enable_auto_scale_lr(cfg, args.config)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
-    ckpt = None
-    if args.resume:
-        ckpt = osp.join(work_dir, "last.ckpt") if args.resume == "last" else args.resume
-        if not osp.isfile(ckpt):
-            raise FileNotFoundError(f"--resume: checkpoint {ckpt} does not exist")
+    ckpt = resume_checkpoint(args.resume, work_dir)
 
     setup_mm_logger(work_dir)
     L.seed_everything((cfg.get("randomness") or {}).get("seed") or 0, workers=True)

@@ -1,0 +1,205 @@
+"""Cluster life, for real: preemption signals under a simulated SLURM job (its environment variables and a fake
+``scontrol`` that records its arguments), ``--resume auto``.
+
+Every run trains the same tiny segmentation config for 5 optimizer steps (8 images, batch 2) with
+``--auto-scale-lr``, and is compared bit for bit with an uninterrupted run: one process, or two gloo processes
+(the reference of the SLURM runs). Signals and kills happen at a known step:
+tests/_train_driver.py pauses every rank at the end of step 3 until the test has acted.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from tests._tools import REPO, SEG_CFG
+from tests.test_reliability import _ckpt, assert_same_training_state, data_dir, ddp_opts, env, seg_opts
+
+assert data_dir  # the module-scoped fixture of tests/test_reliability.py: 8 training images
+TIMEOUT = 240
+DRIVER = os.path.join(REPO, "tests", "_train_driver.py")
+STEPS, PAUSE = 5, 3  # 1 process: 4 batches an epoch, 2 processes: 2; step 3 is mid-epoch for both
+EXIT_PREEMPTED = 75
+
+
+def train_args(root, work_dir, *extra):
+    """The command line every run of this file shares (its work dir aside): the same command resumes."""
+    opts = seg_opts(
+        root,
+        f"trainer.max_steps={STEPS}",
+        f"trainer.val_check_interval={STEPS}",
+        "trainer.deterministic=True",
+        "checkpoint_every_n_steps=2",
+        "auto_scale_lr.base_batch_size=8",
+        *extra,
+    )
+    # processes started together (torchrun, SLURM tasks) may reach the rendezvous minutes apart on a loaded machine
+    opts += ["trainer.strategy.timeout=300"] if any(o.startswith("trainer.strategy") for o in opts) else []
+    return [SEG_CFG, "--work-dir", str(work_dir), "--resume", "auto", "--auto-scale-lr", "--cfg-options", *opts]
+
+
+def start(args, launcher=(), group_env=None, **env_extra):
+    """tests/_train_driver.py with ``args``; the processes of one job share ``group_env`` (its MASTER_PORT). The
+    output goes to a file (a pipe nobody reads while the test waits could fill up and block the process)."""
+    out = tempfile.NamedTemporaryFile("w+", suffix=".log")
+    proc = subprocess.Popen(
+        [sys.executable, *launcher, DRIVER, *args],
+        cwd=REPO,
+        env={**(group_env or env()), **env_extra},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    proc.log = out
+    return proc
+
+
+def output(proc):
+    proc.log.seek(0)
+    return proc.log.read()
+
+
+def finish(procs, expect=0, timeout=TIMEOUT):
+    """Wait for the processes; assert their exit status; return their output."""
+    try:
+        for p in procs:
+            p.wait(timeout=timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    logs = [output(p) for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == expect, f"exit status {p.returncode}, expected {expect}:\n{log[-6000:]}"
+    return logs
+
+
+def wait_for(path, procs=()):
+    deadline = time.monotonic() + TIMEOUT
+    while not os.path.exists(path):
+        dead = [p for p in procs if p.poll() is not None]
+        assert not dead, f"a process ended while waiting for {path}:\n{output(dead[0])[-6000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {path}"
+        time.sleep(0.02)
+    with open(path) as f:
+        return f.read()
+
+
+def slurm_env(tmp_path, rank=0, ntasks=1, nodes=1, **extra):
+    """A SLURM task's variables (as srun sets them) and a fake ``scontrol`` first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.calls"}\n')
+    scontrol.chmod(0o755)
+    return dict(
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NAME="train",
+        SLURM_NTASKS=str(ntasks),
+        SLURM_NTASKS_PER_NODE=str(ntasks // nodes),
+        SLURM_NNODES=str(nodes),
+        SLURM_NODELIST="localhost",
+        SLURM_PROCID=str(rank),
+        SLURM_LOCALID=str(rank),
+        SLURM_NODEID="0",
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        **extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir, tmp_path_factory):
+    """Uninterrupted runs: ``{1: one process's last.ckpt, 2: two gloo processes' (Lightning's launcher)}``, the
+    latter with each rank's record (tests/_train_driver.py RECORD_DIR)."""
+    out = {}
+    for devices in (1, 2):
+        work = tmp_path_factory.mktemp(f"ref{devices}")
+        (work / "record").mkdir()
+        log = finish([start(train_args(data_dir, work, *ddp_opts(devices)), RECORD_DIR=str(work / "record"))])[0]
+        assert "--resume auto: no checkpoint" in log and "starting fresh" in log, log[-3000:]
+        out[devices] = _ckpt(work / "last.ckpt"), work
+    return out
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_exactly(
+    devices, data_dir, reference, tmp_path
+):
+    """SIGUSR1 mid-epoch (to rank 1 only when there are two: the ranks agree at the step boundary); every rank
+    stops after step 3 with one checkpoint, rank 0 requeues the job (an array task with one process), the
+    processes exit with status 75; the same command again finishes with the uninterrupted run's weights."""
+    work, pause = tmp_path / "work", tmp_path / "pause"
+    pause.mkdir()
+    args = train_args(data_dir, work, *ddp_opts(devices))
+    array = dict(SLURM_ARRAY_JOB_ID="4200", SLURM_ARRAY_TASK_ID="7") if devices == 1 else {}
+    envs = [slurm_env(tmp_path, rank=r, ntasks=devices, **array) for r in range(devices)]
+    group = env()
+    procs = [start(args, (), group, PAUSE_AT_STEP=str(PAUSE), PAUSE_DIR=str(pause), **e) for e in envs]
+    target = devices - 1
+    pid = int(wait_for(pause / f"paused_rank{target}", procs))
+    os.kill(pid, signal.SIGUSR1)
+    assert int(wait_for(pause / f"signalled_rank{target}", procs)) == signal.SIGUSR1
+    (pause / "go").touch()
+    logs = finish(procs, expect=EXIT_PREEMPTED)
+    assert "--resume auto: no checkpoint" in logs[0] and "starting fresh" in logs[0]
+    assert f"stopped at step {PAUSE}" in logs[0], logs[0][-4000:]
+    ckpt = _ckpt(work / "last.ckpt")
+    assert ckpt["global_step"] == PAUSE  # the next step boundary after the signal, mid-epoch
+    assert (tmp_path / "scontrol.calls").read_text() == ("requeue 4200_7\n" if devices == 1 else "requeue 4242\n")
+    assert [p for p in os.listdir(work) if p.endswith(".tmp") or p.startswith("hpc_ckpt")] == []
+
+    group = env()
+    logs = finish([start(args, (), group, PAUSE_AT_STEP=str(PAUSE), PAUSE_DIR=str(pause), **e) for e in envs])
+    assert f"--resume auto: resuming from {work / 'last.ckpt'}" in logs[0], logs[0][-4000:]
+    final = _ckpt(work / "last.ckpt")
+    assert final["global_step"] == STEPS
+    assert_same_training_state(reference[devices][0], final)
+    assert (tmp_path / "scontrol.calls").read_text().count("requeue") == 1  # the second run was not requeued
+
+
+def test_sigterm_without_scontrol_still_checkpoints_and_says_resubmit(data_dir, tmp_path):
+    """SIGTERM in a SLURM job whose container has no ``scontrol``: the checkpoint is written all the same and the
+    log says the job must be resubmitted."""
+    work, pause = tmp_path / "work", tmp_path / "pause"
+    pause.mkdir()
+    no_scontrol = slurm_env(tmp_path)
+    no_scontrol["PATH"] = os.path.dirname(sys.executable)  # python, no scontrol
+    proc = start(train_args(data_dir, work), PAUSE_AT_STEP="1", PAUSE_DIR=str(pause), **no_scontrol)
+    os.kill(int(wait_for(pause / "paused_rank0", [proc])), signal.SIGTERM)
+    wait_for(pause / "signalled_rank0", [proc])
+    (pause / "go").touch()
+    (log,) = finish([proc], expect=EXIT_PREEMPTED)
+    assert "SIGTERM received; stopped at step 1" in log, log[-4000:]
+    assert "`scontrol` not found, SLURM job 4242 was not requeued: resubmit it" in log, log[-4000:]
+    assert _ckpt(work / "last.ckpt")["global_step"] == 1
+
+
+def test_resume_values_and_requeue_signal_names(tmp_path, monkeypatch, capfd, caplog):
+    from tasks.restart import resume_checkpoint, signal_number, slurm_job_id
+
+    with caplog.at_level("INFO"):
+        assert resume_checkpoint("auto", str(tmp_path)) is None
+    out = capfd.readouterr()  # Lightning's console handler, or the log capture where pytest's root logger has one
+    assert (out.out + out.err + caplog.text).count(f"--resume auto: no checkpoint {tmp_path}/last.ckpt yet") == 1
+    assert resume_checkpoint(None, str(tmp_path)) is None
+    with pytest.raises(FileNotFoundError, match=r"last\.ckpt does not exist \(--resume auto starts fresh"):
+        resume_checkpoint("last", str(tmp_path))
+    (tmp_path / "last.ckpt").write_bytes(b"")
+    assert resume_checkpoint("auto", str(tmp_path)) == resume_checkpoint("last", str(tmp_path))
+    assert resume_checkpoint("auto", str(tmp_path)) == str(tmp_path / "last.ckpt")
+
+    assert signal_number("USR2") == signal_number("SIGUSR2") == signal_number(int(signal.SIGUSR2)) == signal.SIGUSR2
+    for bad in ("SIGKILL", "USR3"):
+        with pytest.raises(ValueError, match=rf"requeue_signal: '{bad}' is not a signal that can be caught"):
+            signal_number(bad)
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert slurm_job_id() == "4242"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4200")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "7")
+    assert slurm_job_id() == "4200_7"
