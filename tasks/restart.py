@@ -32,6 +32,8 @@ import subprocess
 import threading
 
 import lightning as L
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 # The process's exit status after a preemption checkpoint: sysexits' EX_TEMPFAIL ("try again later").
@@ -196,3 +198,30 @@ class Preemption(L.Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._uninstall()
+
+
+class ElasticDDPStrategy(DDPStrategy):
+    """``DDPStrategy`` that also works after torchrun restarted the worker group (``--max-restarts``).
+
+    Under torchrun the workers' process group meets in the elastic agent's store (``TORCHELASTIC_USE_AGENT_STORE``),
+    which outlives the workers; torch 2.14 puts each round's rendezvous keys there without a per-round prefix, so a
+    restarted rank reads the dead rank 0's address of the previous round and fails (gloo: "connectFullMesh failed
+    ... Connection refused"). Here the process group is created on that store under the prefix
+    ``/worker/attempt_<TORCHELASTIC_RESTART_COUNT>``; otherwise this is Lightning's ``DDPStrategy``.
+    """
+
+    def setup_distributed(self) -> None:
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and not dist.is_initialized():
+            self.set_world_ranks()
+            store = dist.TCPStore(
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.world_size, False, self._timeout
+            )
+            store = dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+            dist.init_process_group(
+                self._get_process_group_backend(),
+                store=store,
+                rank=self.global_rank,
+                world_size=self.world_size,
+                timeout=self._timeout,
+            )
+        super().setup_distributed()  # Lightning's own set-up; it leaves an existing process group as it is

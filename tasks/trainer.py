@@ -37,13 +37,13 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from lightning.pytorch.strategies import FSDPStrategy
 from mmengine.config import Config
 
 from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
 from .progress import is_iteration_based, step_progress_bar
-from .restart import Preemption
+from .restart import ElasticDDPStrategy, Preemption
 from .trackers import RunReport, build_loggers
 
 TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
@@ -72,7 +72,7 @@ def _strategy(spec):
     if spec in ("ddp", "ddp_find_unused_parameters_true"):
         kwargs.setdefault("find_unused_parameters", spec.endswith("_true"))
         kwargs.setdefault("broadcast_buffers", False)
-        return DDPStrategy(**kwargs)
+        return ElasticDDPStrategy(**kwargs)  # a DDPStrategy that also rejoins after a torchrun restart
     if spec == "fsdp" and kwargs:
         return FSDPStrategy(**kwargs)
     if kwargs:

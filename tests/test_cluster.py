@@ -1,12 +1,13 @@
 """Cluster life, for real: preemption signals under a simulated SLURM job (its environment variables and a fake
-``scontrol`` that records its arguments), ``--resume auto``.
+``scontrol`` that records its arguments), ``--resume auto``, torchrun's elastic restarts, two simulated nodes.
 
 Every run trains the same tiny segmentation config for 5 optimizer steps (8 images, batch 2) with
 ``--auto-scale-lr``, and is compared bit for bit with an uninterrupted run: one process, or two gloo processes
-(the reference of the SLURM runs). Signals and kills happen at a known step:
+(the 1-node reference of the SLURM, torchrun and two-node runs). Signals and kills happen at a known step:
 tests/_train_driver.py pauses every rank at the end of step 3 until the test has acted.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import time
 import pytest
 
 from tests._tools import REPO, SEG_CFG
-from tests.test_reliability import _ckpt, assert_same_training_state, data_dir, ddp_opts, env, seg_opts
+from tests.test_reliability import _ckpt, assert_same_training_state, data_dir, ddp_opts, env, free_port, seg_opts
 
 assert data_dir  # the module-scoped fixture of tests/test_reliability.py: 8 training images
 TIMEOUT = 240
@@ -126,6 +127,10 @@ def reference(data_dir, tmp_path_factory):
     return out
 
 
+def records(folder, world):
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]
+
+
 @pytest.mark.parametrize("devices", [1, 2])
 def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_exactly(
     devices, data_dir, reference, tmp_path
@@ -177,6 +182,70 @@ def test_sigterm_without_scontrol_still_checkpoints_and_says_resubmit(data_dir, 
     assert "SIGTERM received; stopped at step 1" in log, log[-4000:]
     assert "`scontrol` not found, SLURM job 4242 was not requeued: resubmit it" in log, log[-4000:]
     assert _ckpt(work / "last.ckpt")["global_step"] == 1
+
+
+def test_torchrun_restarts_a_killed_worker_and_training_continues_exactly(data_dir, reference, tmp_path):
+    """torchrun --max-restarts=1, 2 gloo workers, --resume auto: worker 1 SIGKILLed after step 4 (last.ckpt is from
+    step 3, mid-epoch); torchrun restarts the group, which resumes from step 3 and ends with the uninterrupted
+    weights."""
+    work, pause = tmp_path / "work", tmp_path / "pause"
+    pause.mkdir()
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    args = train_args(data_dir, work, *ddp_opts(2), "checkpoint_every_n_steps=3")
+    proc = start(args, launcher, PAUSE_AT_STEP="4", PAUSE_DIR=str(pause))
+    pid = int(wait_for(pause / "paused_rank1", [proc]))
+    wait_for(pause / "paused_rank0", [proc])
+    assert _ckpt(work / "last.ckpt")["global_step"] == 3
+    os.kill(pid, signal.SIGKILL)
+    (pause / "go").touch()
+    (log,) = finish([proc], timeout=2 * TIMEOUT)  # two starts of the group
+    assert log.count("--resume auto: no checkpoint") == 1, log[-6000:]
+    assert f"--resume auto: resuming from {work / 'last.ckpt'}" in log, log[-6000:]
+    final = _ckpt(work / "last.ckpt")
+    assert final["global_step"] == STEPS
+    assert_same_training_state(reference[2][0], final)
+
+
+def test_two_nodes_ranks_shards_lr_and_weights_equal_one_node(data_dir, reference, tmp_path):
+    """Two torchrun launches (--nnodes=2, one gloo process each) into one work dir, trainer.num_nodes=2: global
+    ranks 0 and 1 on nodes 0 and 1, each rank the data shard of the 1-node 2-process run, --auto-scale-lr counting
+    the nodes, and that run's final weights."""
+    work, record = tmp_path / "work", tmp_path / "record"
+    record.mkdir()
+    port = str(free_port())
+    args = train_args(data_dir, work, *ddp_opts(2), "trainer.devices=1", "trainer.num_nodes=2")
+    procs = [
+        start(
+            args,
+            [
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={node}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+            ],
+            RECORD_DIR=str(record),
+        )
+        for node in (0, 1)
+    ]
+    logs = finish(procs)
+    assert "auto_scale_lr: total batch 4 = devices 1 x nodes 2 x batch_size 2 x accumulation 1" in logs[0]
+    ranks = records(record, 2)
+    assert [(r["global_rank"], r["node_rank"], r["local_rank"], r["world_size"]) for r in ranks] == [
+        (0, 0, 0, 2),
+        (1, 1, 0, 2),
+    ]
+    one_node = records(reference[2][1] / "record", 2)
+    assert [r["batches"] for r in ranks] == [r["batches"] for r in one_node]
+    # every epoch (2 batches a rank) splits the 8 images between the ranks
+    for epoch in range(2):
+        shards = [{f for b in r["batches"][2 * epoch : 2 * epoch + 2] for f in b} for r in ranks]
+        assert len(shards[0]) == len(shards[1]) == 4 and not shards[0] & shards[1]
+    final = _ckpt(work / "last.ckpt")
+    assert final["global_step"] == STEPS
+    assert_same_training_state(reference[2][0], final)
 
 
 def test_resume_values_and_requeue_signal_names(tmp_path, monkeypatch, capfd, caplog):
