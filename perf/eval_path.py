@@ -322,10 +322,16 @@ def _summary(trace: dict, epoch: int = -1) -> dict:
 
 
 def measure_test(
-    task: str, images: int, rounds: int, work: str, format_only: bool = False, limit_gib: float | None = 3.5
+    task: str,
+    images: int,
+    rounds: int,
+    work: str,
+    format_only: bool = False,
+    limit_gib: float | None = 3.5,
+    impls: tuple[str, ...] = ("ours", "mm"),
 ) -> list[dict]:
     """``tools/test.py`` on ``images`` generated images (``task`` 'det': Mask R-CNN with 100 masks per image;
-    'seg': UPerNet), ours and the mm metric alternating for ``rounds`` rounds; one summary per run."""
+    'seg': UPerNet), ``impls`` (ours and the mm metric) alternating for ``rounds`` rounds; one summary per run."""
     os.makedirs(work, exist_ok=True)
     root = osp.join(work, "data")
     make_data(root, coco_val=images if task == "det" else 0, ade_val=images if task == "seg" else 0)
@@ -335,7 +341,7 @@ def measure_test(
     options += [f"test_dataloader.dataset.data_root={osp.join(root, dataset)}/", "trainer.enable_progress_bar=False"]
     runs = []
     for r in range(rounds):
-        for impl in ("ours", "mm"):
+        for impl in impls:
             label = f"{task}_{'format' if format_only else 'eval'}_{impl}_{r}"
             out_dir = osp.join(work, label)
             args = [config, ckpt, "--work-dir", out_dir, "--cfg-options", *options]
@@ -351,11 +357,14 @@ def measure_test(
     return runs
 
 
-def measure_validation(images: int, epochs: int, work: str, limit_gib: float | None = 3.5) -> dict:
+def measure_validation(
+    images: int, epochs: int, work: str, limit_gib: float | None = 3.5, train_images: int = 8
+) -> dict:
     """``tools/train.py`` on the demo Mask R-CNN with ``images`` generated validation images (100 masks each),
-    a validation after each of ``epochs`` short epochs (8 training images); the RSS after each validation."""
+    a validation after each of ``epochs`` short epochs (``train_images`` training images, batches of 4); the RSS
+    after each validation."""
     os.makedirs(work, exist_ok=True)
-    root = make_data(osp.join(work, "data_val"), coco_val=images, coco_train=8)
+    root = make_data(osp.join(work, "data_val"), coco_val=images, coco_train=train_images)
     coco = osp.join(root, "tiny_coco") + "/"
     options = [
         *DET_100_OPTIONS,
