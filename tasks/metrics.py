@@ -398,9 +398,9 @@ def _coco_precision(images: list[dict], cat_ids: list[int], iou_type: str) -> Op
 # Pixels per step of SegmentationEvaluator.update on the CPU. A whole ADE20K map is ~350k pixels, and its
 # int64 temporaries (the ignore mask, the kept labels, the combined confusion index) are MB-sized blocks. Once
 # glibc has raised its dynamic mmap threshold (it does when such a block is first freed), they are carved from
-# the heap between small long-lived objects, and the freed holes are neither reused whole nor returned: the
-# process grew by ~1.4 MiB per 512x683 image that way (2000 images: ~2.7 GiB). Pieces of 8192 pixels keep every
-# temporary at 64 KiB, below the mmap threshold from the start, reused from the heap's free lists.
+# the heap between small long-lived objects, and the holes they leave are not returned: the process grew with
+# every image (docs/evaluation.md, "Evaluation memory"). Pieces of 8192 pixels keep every temporary at 64 KiB,
+# below the mmap threshold from the start, reused from the heap's free lists.
 _CHUNK = 8192
 
 
