@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Our training loop (tools/train.py, Lightning) against mmengine's Runner on the same config and data.
+
+    python tools/benchmark_loop.py [CONFIG] [--data data/tiny_coco] [--epochs 1 4] [--rounds 3]
+                                   [--threads N] [--cfg-options KEY=VALUE ...] [--work-dir DIR] [--json OUT]
+
+Trains CONFIG (default: the demo detection config) for a short and a long number of epochs under both
+loops, each run a whole process, the two loops alternating which goes first from round to round. Prints
+every run, then per loop the time per optimizer step (the slope between the short and long runs, so that
+start-up cancels; wall and CPU time) and the peak memory, and the lightning / runner ratios per round
+(median, min .. max). What both loops are made to do alike is in perf/loop.py; docs/performance.md has
+the figures. The data is written by ``python tools/make_tiny_data.py --out data``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import os.path as osp
+import tempfile
+
+from perf.loop import LOOPS, ROOT, compare, spread
+
+DEMO_CFG = str(ROOT / "configs" / "demo" / "mask-rcnn_stvit-t_fpn_tiny-coco.py")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="?", default=DEMO_CFG, help="the config both loops train (default: the demo's)")
+    p.add_argument("--data", default="data/tiny_coco", help="dataset folder for every dataloader section")
+    p.add_argument("--epochs", nargs=2, type=int, default=(1, 4), metavar=("SHORT", "LONG"), help="default 1 4")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the four runs, default 3")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1),
+        help="OMP_NUM_THREADS / MKL_NUM_THREADS of every run (default: $OMP_NUM_THREADS, else the CPU count)",
+    )
+    p.add_argument(
+        "--cfg-options",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides for both loops, e.g. trainer.log_every_n_steps=1 (the Runner's log interval follows)",
+    )
+    p.add_argument("--work-dir", help="where the runs' work dirs go (default: a temporary folder, removed)")
+    p.add_argument("--json", help="also write the report (every run, per-round figures) to this file")
+    args = p.parse_args(argv)
+    if not 0 < args.epochs[0] < args.epochs[1]:
+        p.error(f"--epochs SHORT LONG needs 0 < SHORT < LONG, got {args.epochs[0]} {args.epochs[1]}")
+    if args.rounds < 1 or args.threads < 1:
+        p.error("--rounds and --threads must be at least 1")
+    if not osp.isdir(args.data):
+        p.error(f"--data {args.data} does not exist; write the tiny data: `python tools/make_tiny_data.py --out data`")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="benchmark_loop_") as tmp:
+        report = compare(
+            args.config,
+            args.data,
+            args.work_dir or tmp,
+            tuple(args.epochs),
+            args.rounds,
+            args.threads,
+            cfg_options=args.cfg_options,
+        )
+    for loop in LOOPS:
+        peaks = [r["peak_gib"] for r in report["runs"][loop][1::2]]
+        print(
+            f"{loop:9s} per step: wall {spread(report['per_step_s'][loop], 3)} s, "
+            f"CPU {spread(report['per_step_cpu_s'][loop], 3)} s; peak (long runs) {spread(peaks)} GiB"
+        )
+    ratios = report["ratios"]
+    print(
+        f"lightning / runner ({args.rounds} rounds, {args.threads} threads): per-step time {spread(ratios['time'])}, "
+        f"per-step CPU time {spread(ratios['cpu_time'])}, peak memory {spread(ratios['peak_memory'])}"
+    )
+    if args.json:
+        from backbones.atomic import atomic_write
+
+        atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1).encode()))
+    return report
+
+
+if __name__ == "__main__":
+    main()
