@@ -75,6 +75,16 @@ ARCHS = {
         **_GRIDS,
     ),
 }
+# Not a released variant (no weights): the shrunk HAT-Net of the CPU tests, the demo configs and the measuring
+# tools' smoke runs. Its one definition: HATNet('shrunk'), arch='shrunk' in configs, --arch shrunk in tools.
+SHRUNK = dict(
+    dims=[32, 64, 128, 256],
+    head_dim=32,
+    expansions=[4, 4, 4, 4],
+    depths=[1, 1, 2, 1],
+    kernel_sizes=[3, 3, 3, 3],
+    **_GRIDS,
+)
 _REQUIRED = ("dims", "head_dim", "expansions", "grid_sizes", "ds_ratios", "depths", "kernel_sizes")
 
 SKIPPED_KEY_PATTERNS = (r"^classifier\.",)
@@ -208,8 +218,8 @@ class HATNet(StagedBackbone):
     """HAT-Net feature extractor returning the stride 4/8/16/32 stage outputs selected by ``out_indices``.
 
     Args:
-        arch: 'tiny' | 'small' | 'medium' | 'large' or a dict with keys dims, head_dim, expansions,
-            grid_sizes, ds_ratios, depths, kernel_sizes.
+        arch: 'tiny' | 'small' | 'medium' | 'large' | 'shrunk' (tests and demos) or a dict with keys dims,
+            head_dim, expansions, grid_sizes, ds_ratios, depths, kernel_sizes.
         out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
         drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the paper).
         with_cp: activation checkpointing of every block in training (less memory, one more forward).
@@ -235,7 +245,7 @@ class HATNet(StagedBackbone):
         norm_out: bool = False,
     ):
         super().__init__()
-        arch = resolve_arch(arch, ARCHS, "HAT-Net", _REQUIRED, {})
+        arch = resolve_arch(arch, {**ARCHS, "shrunk": SHRUNK}, "HAT-Net", _REQUIRED, {})
         check_arch_lengths(arch, ("dims", "expansions", "grid_sizes", "ds_ratios", "depths", "kernel_sizes"), "HAT-Net")
         bad = [d for d in arch["dims"] if d % arch["head_dim"]]
         if bad:

@@ -61,6 +61,17 @@ ARCHS = {
         init_values=1e-6,
     ),
 }
+# Not a released variant (no weights): the shrunk STViT of the CPU tests, the demo configs and the measuring
+# tools' smoke runs. Its one definition: STViT('shrunk'), arch='shrunk' in configs, --arch shrunk in tools.
+SHRUNK = dict(
+    embed_dims=[32, 64, 128, 256],
+    depths=[1, 1, 2, 1],
+    num_heads=[1, 2, 4, 8],
+    n_iter=[1, 1, 1, 1],
+    stoken_size=[8, 4, 1, 1],
+    layerscale=[False] * 4,
+    init_values=1e-5,
+)
 _REQUIRED = ("embed_dims", "depths", "num_heads", "n_iter", "stoken_size", "layerscale", "init_values")
 _DEFAULTS = dict(mlp_ratio=4, qkv_bias=True)
 
@@ -264,8 +275,8 @@ class STViT(StagedBackbone):
     """STViT feature extractor returning the stride 4/8/16/32 stage outputs selected by ``out_indices``.
 
     Args:
-        arch: 'small' | 'base' | 'large' or a dict with keys embed_dims, depths, num_heads, n_iter,
-            stoken_size, layerscale, init_values (optional mlp_ratio=4, qkv_bias=True).
+        arch: 'small' | 'base' | 'large' | 'shrunk' (tests and demos) or a dict with keys embed_dims, depths,
+            num_heads, n_iter, stoken_size, layerscale, init_values (optional mlp_ratio=4, qkv_bias=True).
         out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
         drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the paper).
         with_cp: activation checkpointing of every block in training (less memory, one more forward).
@@ -294,7 +305,7 @@ class STViT(StagedBackbone):
         norm_out: bool = False,
     ):
         super().__init__()
-        arch = resolve_arch(arch, ARCHS, "STViT", _REQUIRED, _DEFAULTS)
+        arch = resolve_arch(arch, {**ARCHS, "shrunk": SHRUNK}, "STViT", _REQUIRED, _DEFAULTS)
         if stoken_size is not None:
             arch["stoken_size"] = list(stoken_size)
         check_arch_lengths(arch, ("embed_dims", "depths", "num_heads", "n_iter", "stoken_size", "layerscale"), "STViT")

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from .models import SHRUNK_ARCHS, build, dense_stoken_size
+from .models import build, dense_stoken_size
 from .official import load_official, ours_and_official
 from .report import Failure, cell, section
 from .variants import PAPER
@@ -34,7 +34,7 @@ class Plan(NamedTuple):
     tp_warmup: int
     tp_iters: int
     variants: tuple  # (name, family, arch) of the throughput rows
-    shrunk: bool  # docs/DESIGN.md's shrunk archs instead of the small variants (and a shrunk Swin-T)
+    shrunk: bool  # the 'shrunk' archs instead of the small variants (and a shrunk Swin-T)
     compile_models: tuple
     compile_backend: str
     compile_timeout_s: float
@@ -73,7 +73,7 @@ QUICK = Plan(
     tp_batch=2,
     tp_warmup=1,
     tp_iters=2,
-    variants=tuple((f"{f}-shrunk", f, SHRUNK_ARCHS[f]) for f in ("stvit", "hatnet")),
+    variants=tuple((f"{f}-shrunk", f, "shrunk") for f in ("stvit", "hatnet")),
     shrunk=True,
     compile_models=("stvit-s-dense",),
     compile_backend="eager",
@@ -136,7 +136,7 @@ class Models:
     Args:
         official_stvit: hhb072/STViT's ``models/stvit.py`` (None: no official STViT rows).
         official_hatnet: yun-liu/HAT-Net's ``HAT_Net.py`` (None: no official HAT-Net rows).
-        shrunk: docs/DESIGN.md's shrunk archs (and a shrunk Swin-T) instead of the small variants.
+        shrunk: the 'shrunk' archs (and a shrunk Swin-T) instead of the small variants.
     """
 
     def __init__(self, official_stvit=None, official_hatnet=None, shrunk=False):
@@ -229,7 +229,7 @@ def render(ctx: dict, sections: dict) -> str:
         f"cuDNN {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else 'n/a'}; "
         f"Swin-T from {ctx['swin_source']}",
         f"- command: `{ctx['command']}`",
-        f"- mode: {'quick (docs/DESIGN.md shrunk archs)' if ctx['quick'] else 'full'}; "
+        f"- mode: {'quick (shrunk archs)' if ctx['quick'] else 'full'}; "
         f"time budget {plan.budget_s:.0f} s; "
         f"timing: {'CUDA events' if device.type == 'cuda' else 'perf_counter'} after warm-up; "
         f"TF32 for the timed rows: {tf32_state()} (torch's defaults; the exactness rows turn both off)",

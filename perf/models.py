@@ -18,27 +18,6 @@ from torch import nn
 from backbones import HATNet, STViT, fast_paths
 
 FAMILIES = {"stvit": STViT, "hatnet": HATNet}
-# docs/DESIGN.md's shrunk archs (not released variants): the CPU smoke runs of the measuring tools and the tests.
-SHRUNK_ARCHS = {
-    "stvit": dict(
-        embed_dims=[32, 64, 128, 256],
-        depths=[1, 1, 2, 1],
-        num_heads=[1, 2, 4, 8],
-        n_iter=[1, 1, 1, 1],
-        stoken_size=[8, 4, 1, 1],
-        layerscale=[False] * 4,
-        init_values=1e-5,
-    ),
-    "hatnet": dict(
-        dims=[32, 64, 128, 256],
-        head_dim=32,
-        expansions=[4, 4, 4, 4],
-        grid_sizes=[8, 7, 7, 1],
-        ds_ratios=[8, 4, 2, 1],
-        depths=[1, 1, 2, 1],
-        kernel_sizes=[3, 3, 3, 3],
-    ),
-}
 BASELINES = ("reference", "swin-t", "resnet50")
 NAMES = ("ours", "official", *BASELINES)
 COCO_CONFIG = Path(__file__).resolve().parents[1] / "configs/stvit/mask-rcnn_stvit-s_fpn_1x_coco.py"
@@ -77,7 +56,7 @@ def build(
         name: ``ours``, ``reference`` (ours on its plain path), ``official`` (the official classification
             model's stages), ``swin-t`` or ``resnet50``.
         family: ``stvit`` or ``hatnet`` (ours, reference, official).
-        arch: a preset name, an arch dict, or ``'shrunk'`` (``SHRUNK_ARCHS``); Swin-T is shrunk alike with
+        arch: a preset name, an arch dict, or ``'shrunk'`` (the backbones' CPU-test preset); Swin-T is shrunk alike with
             ``'shrunk'``, ResNet-50 is always the full model.
         stoken_size: STViT super-token sizes per stage (None: the preset's).
         with_cp: activation checkpointing (ours, reference, mmdet's Swin-T and ResNet-50).
@@ -87,7 +66,7 @@ def build(
     torch.manual_seed(0)
     if name in ("ours", "reference"):
         kwargs = dict(stoken_size=stoken_size) if stoken_size and family == "stvit" else {}
-        model = FAMILIES[family](SHRUNK_ARCHS[family] if arch == "shrunk" else arch, with_cp=with_cp, **kwargs)
+        model = FAMILIES[family](arch, with_cp=with_cp, **kwargs)
         return PlainPath(model) if name == "reference" else model
     if name == "official":
         from .official import build_official
@@ -115,7 +94,7 @@ class Setting:
 
     Args:
         family: ``stvit`` or ``hatnet``.
-        arch: a preset of ``family``, an arch dict, or ``'shrunk'`` (``SHRUNK_ARCHS``).
+        arch: a preset of ``family``, an arch dict, or ``'shrunk'`` (the backbones' CPU-test preset).
         size: (H, W) of the input.
         batch: images per iteration.
         mode: ``train`` (forward + backward) or ``infer``.

@@ -44,9 +44,7 @@ def print_rows(rows):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES), default="stvit")
-    p.add_argument(
-        "--arch", default="small", help="a preset of --family, or 'shrunk' (docs/DESIGN.md's CPU-test archs)"
-    )
+    p.add_argument("--arch", default="small", help="a preset of --family ('shrunk': the CPU-test archs)")
     p.add_argument(
         "--size",
         type=lambda s: tuple(int(v) for v in s.lower().split("x")),

@@ -1,4 +1,4 @@
-# Mask R-CNN + FPN with the shrunk STViT of docs/DESIGN.md on the synthetic tiny COCO
+# Mask R-CNN + FPN with the shrunk STViT (arch="shrunk") on the synthetic tiny COCO
 # (python tools/make_tiny_data.py --out data). Sized to train in a few minutes on 2 CPU cores:
 #   python tools/train.py configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py
 _base_ = "mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py"
@@ -14,15 +14,7 @@ model = dict(
     backbone=dict(
         _delete_=True,
         type="STViT",
-        arch=dict(
-            embed_dims=[32, 64, 128, 256],
-            depths=[1, 1, 2, 1],
-            num_heads=[1, 2, 4, 8],
-            n_iter=[1, 1, 1, 1],
-            stoken_size=[8, 4, 1, 1],
-            layerscale=[False] * 4,
-            init_values=1e-5,
-        ),
+        arch="shrunk",  # backbones/stvit.py's SHRUNK: stage channels 32, 64, 128, 256, depths 1, 1, 2, 1
         out_indices=(0, 1, 2, 3),
         drop_path_rate=0.0,
         init_cfg=None,

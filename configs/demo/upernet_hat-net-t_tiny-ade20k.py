@@ -1,4 +1,4 @@
-# UPerNet with the shrunk HAT-Net of docs/DESIGN.md on the synthetic tiny ADE20K
+# UPerNet with the shrunk HAT-Net (arch="shrunk") on the synthetic tiny ADE20K
 # (python tools/make_tiny_data.py --out data). Sized to train in a few minutes on 2 CPU cores:
 #   python tools/train.py configs/demo/upernet_hat-net-t_tiny-ade20k.py
 _base_ = "mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py"
@@ -14,15 +14,7 @@ model = dict(
     backbone=dict(
         _delete_=True,
         type="HATNet",
-        arch=dict(
-            dims=[32, 64, 128, 256],
-            head_dim=32,
-            expansions=[4, 4, 4, 4],
-            grid_sizes=[8, 7, 7, 1],
-            ds_ratios=[8, 4, 2, 1],
-            depths=[1, 1, 2, 1],
-            kernel_sizes=[3, 3, 3, 3],
-        ),
+        arch="shrunk",  # backbones/hatnet.py's SHRUNK: stage channels 32, 64, 128, 256, depths 1, 1, 2, 1
         out_indices=(0, 1, 2, 3),
         drop_path_rate=0.0,
         init_cfg=None,
