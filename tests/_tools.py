@@ -1,16 +1,26 @@
-"""Paths, tool loading, shrunk archs and data helpers shared by the tests."""
+"""Paths, tool loading, the shrunk archs, the golden cases, numeric and checkpoint helpers, and data helpers
+shared by the tests (fixtures live in conftest.py)."""
 
+import argparse
 import importlib.util
 import os.path as osp
 
-from perf.models import SHRUNK_ARCHS
+import torch
 
-# docs/DESIGN.md's shrunk archs for CPU tests (not released variants), as the measuring tools' smoke runs use them
-STVIT_T, HATNET_T = SHRUNK_ARCHS["stvit"], SHRUNK_ARCHS["hatnet"]
+from backbones import HATNet, STViT
+from backbones.hatnet import SHRUNK as HATNET_T  # noqa: F401  (the 'shrunk' presets: defined once, there)
+from backbones.stvit import SHRUNK as STVIT_T  # noqa: F401
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py")
 SEG_CFG = osp.join(REPO, "configs/demo/upernet_hat-net-t_tiny-ade20k.py")
+
+# The session's tiny sets (conftest.py's ``tiny_data``), (train, val) images. 4 COCO training images make 2
+# batches of 2; 8 ADE20K ones make 4 batches of 2 (2 per rank under 2-process DDP); 3 validation images split
+# unevenly over 2 ranks (2 + 1).
+TINY_COCO = (4, 3)
+TINY_ADE20K = (8, 3)
+IMAGE_INFO = "annotations/image_info_test.json"  # tiny COCO's val images without annotations (test-dev style)
 
 
 def load_tool(name):
@@ -60,3 +70,93 @@ def write_image_info(coco_root, split="val2017", name="image_info_test.json"):
     with open(osp.join(ann_dir, name), "w") as f:
         json.dump({k: ann[k] for k in ("images", "categories")}, f)
     return f"annotations/{name}"
+
+
+# The models of the golden vectors in tests/data/ (made from the official code, tests/data/README.md).
+GOLDEN_CASES = {
+    "stvit_tiny_s8411.pt": (
+        STViT,
+        dict(
+            embed_dims=[16, 32, 48, 64],
+            depths=[1, 2, 2, 1],
+            num_heads=[1, 2, 3, 4],
+            n_iter=[1, 1, 1, 1],
+            stoken_size=[8, 4, 1, 1],
+            layerscale=[False, False, True, True],
+            init_values=1e-5,
+        ),
+    ),
+    "stvit_tiny_s4221_iter2.pt": (
+        STViT,
+        dict(
+            embed_dims=[16, 32, 48, 64],
+            depths=[1, 1, 2, 1],
+            num_heads=[1, 2, 3, 4],
+            n_iter=[2, 1, 1, 1],
+            stoken_size=[4, 2, 2, 1],
+            layerscale=[False] * 4,
+            init_values=1e-5,
+        ),
+    ),
+    "hatnet_tiny_g8771.pt": (
+        HATNet,
+        dict(
+            dims=[16, 32, 48, 64],
+            head_dim=8,
+            expansions=[2, 2, 2, 2],
+            grid_sizes=[8, 7, 7, 1],
+            ds_ratios=[8, 4, 2, 1],
+            depths=[1, 1, 2, 1],
+            kernel_sizes=[3, 3, 5, 3],
+        ),
+    ),
+}
+
+# The reference README's tolerance: rtol=1e-4, atol=1e-5 relative to each tensor's scale.
+ATOL = 1e-5
+
+
+def assert_close(actual, expected, what, atol=ATOL):
+    """``actual`` equals ``expected`` within the reference tolerance, relative to ``expected``'s scale."""
+    scale = expected.abs().max().clamp_min(1e-12)
+    torch.testing.assert_close(
+        actual.to(expected.dtype) / scale, expected / scale, rtol=1e-4, atol=atol, msg=lambda m: f"{what}: {m}"
+    )
+
+
+def grad_fns(y: torch.Tensor) -> set[str]:
+    """Names of every autograd node that produced y."""
+    seen, todo = set(), [y.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is not None and fn.name() not in seen:
+            seen.add(fn.name())
+            todo += [f for f, _ in fn.next_functions]
+    return seen
+
+
+def official_file(model, path, **extra):
+    """A checkpoint laid out like the released ones (DeiT training script)."""
+    sd = dict(model.state_dict())
+    if model.family == "stvit":
+        sd.update(
+            {
+                "proj.weight": torch.zeros(8, model.stage_channels[-1], 1, 1),
+                "head.weight": torch.zeros(3, 8),
+                "layers.0.blocks.0.attn.unfold.weights": torch.eye(9).reshape(9, 1, 3, 3),
+            }
+        )
+    else:
+        sd["classifier.1.weight"] = torch.zeros(3, model.stage_channels[-1])
+    torch.save(
+        {
+            "model": sd,
+            "optimizer": {"state": {}, "param_groups": []},
+            "epoch": 299,
+            "max_accuracy": 80.1,
+            "args": argparse.Namespace(model="stvit_small", lr=1e-3, drop_path=0.1),
+            **extra,
+        },
+        path,
+    )
+    return path

@@ -1,13 +1,18 @@
+"""Fixtures shared by the test modules: the golden vectors, the tiny datasets with the options that point the
+demo configs at them, and the short training runs of the demo configs that several modules read."""
+
 import os
-import sys
+import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+
+from tests._tools import DET_CFG, IMAGE_INFO, SEG_CFG, TINY_ADE20K, TINY_COCO, load_tool, write_image_info
 
 ROOT = Path(__file__).resolve().parents[1]
 # The golden vectors and the released variants' key manifest, committed with the tests (tests/data/README.md).
 GOLDEN_DATA = ROOT / "tests" / "data"
-sys.path.insert(0, str(ROOT))
 
 # Deterministic, single-threaded-per-test defaults: the CI machine has 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -21,3 +26,103 @@ def reference_dir():
             "with `git checkout -- tests/data`"
         )
     return GOLDEN_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """The directory holding ``tiny_coco/`` (TINY_COCO images, plus the image-info file IMAGE_INFO) and
+    ``tiny_ade20k/`` (TINY_ADE20K images), written once per session. Read-only for tests: copy before
+    changing anything."""
+    tiny = load_tool("make_tiny_data")
+    out = tmp_path_factory.mktemp("tiny_data")
+    tiny.make_coco(out, num_train=TINY_COCO[0], num_val=TINY_COCO[1], seed=0)
+    tiny.make_ade20k(out, num_train=TINY_ADE20K[0], num_val=TINY_ADE20K[1], seed=0)
+    assert write_image_info(out / "tiny_coco", name=Path(IMAGE_INFO).name) == IMAGE_INFO
+    return out
+
+
+@pytest.fixture(scope="session")
+def data_opts(tiny_data):
+    """``data_opts(dataset, *extra)``: ``--cfg-options`` that point every split of a demo config at the tiny
+    ``dataset`` ('tiny_coco' or 'tiny_ade20k'), batch 2 on CPU without workers, progress bar or model summary,
+    logging every step; then ``extra``."""
+
+    def opts(dataset: str, *extra: str) -> list[str]:
+        assert dataset in ("tiny_coco", "tiny_ade20k"), dataset
+        out = []
+        for split in ("train", "val", "test"):
+            out += [f"{split}_dataloader.dataset.data_root={tiny_data}/{dataset}/", f"{split}_dataloader.num_workers=0"]
+        return out + [
+            "train_dataloader.batch_size=2",
+            "trainer.accelerator=cpu",
+            "trainer.enable_progress_bar=False",
+            "trainer.enable_model_summary=False",
+            "trainer.log_every_n_steps=1",
+            *extra,
+        ]
+
+    return opts
+
+
+class Run(NamedTuple):
+    """A finished tools/train.py run: its work dir, ``last.ckpt``, the resolved config it wrote, the final
+    validation metrics and the ``--cfg-options`` it ran with."""
+
+    work_dir: Path
+    ckpt: str
+    config: str
+    metrics: dict
+    opts: list
+
+
+def _train(config, work_dir, opts) -> Run:
+    metrics = load_tool("train").main([config, "--work-dir", str(work_dir), "--cfg-options", *opts])
+    # tools/train.py writes the resolved config (with the overrides) into the work dir
+    return Run(work_dir, str(work_dir / "last.ckpt"), str(work_dir / Path(config).name), metrics, opts)
+
+
+# The detection demo at 96 px: small enough for a CPU step in about a second, large enough for every FPN level.
+DET_96PX = (
+    "train_dataloader.dataset.pipeline.2.scale=(96,96)",
+    "val_dataloader.dataset.pipeline.1.scale=(96,96)",
+    "test_dataloader.dataset.pipeline.1.scale=(96,96)",
+)
+
+
+@pytest.fixture(scope="session")
+def det_run(data_opts, tmp_path_factory) -> Run:
+    """The detection demo (Mask R-CNN + shrunk STViT) at 96 px: one epoch of 2 steps, validated at its end, with
+    CSV and TensorBoard logs. Shared by every module that needs a trained detector: read it, or copy the work
+    dir (``copy_run``) before resuming or changing it."""
+    opts = data_opts(
+        "tiny_coco",
+        *DET_96PX,
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+        "trainer.check_val_every_n_epoch=1",
+    )
+    return _train(DET_CFG, tmp_path_factory.mktemp("det_run"), opts)
+
+
+@pytest.fixture(scope="session")
+def seg_run(data_opts, tmp_path_factory) -> Run:
+    """The segmentation demo (UPerNet + shrunk HAT-Net): 2 iterations, validated at the end. Shared like
+    ``det_run``."""
+    opts = data_opts("tiny_ade20k", "trainer.max_steps=2", "trainer.val_check_interval=2")
+    return _train(SEG_CFG, tmp_path_factory.mktemp("seg_run"), opts)
+
+
+@pytest.fixture
+def copy_run(tmp_path):
+    """``copy_run(run)``: a copy of a shared run's work dir under this test's tmp_path, as a Run, for tests that
+    resume or otherwise write into it."""
+
+    def copy(run: Run) -> Run:
+        work_dir = Path(shutil.copytree(run.work_dir, tmp_path / Path(run.work_dir).name))
+        return run._replace(
+            work_dir=work_dir,
+            ckpt=str(work_dir / Path(run.ckpt).name),
+            config=str(work_dir / Path(run.config).name),
+        )
+
+    return copy

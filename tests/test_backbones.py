@@ -1,6 +1,5 @@
 """Backbone behaviour beyond the golden vectors: sizes, padding, freezing, input checks, checkpoints."""
 
-import argparse
 import math
 import os
 
@@ -9,7 +8,7 @@ import torch
 
 from backbones import CheckpointError, HATNet, STViT, load_pretrained
 from backbones.hatnet import Attention as HATAttention
-from tests._tools import HATNET_T, STVIT_T
+from tests._tools import HATNET_T, STVIT_T, assert_close, official_file
 
 SHRUNK = [(STViT, STVIT_T), (HATNet, HATNET_T)]
 
@@ -77,10 +76,24 @@ def test_hatnet_padding_is_masked(size):
         torch.testing.assert_close(m(x), _naive_hat_attention(m, x), rtol=1e-4, atol=1e-5)
 
 
+def test_shrunk_preset_is_the_one_definition_of_the_test_and_demo_archs():
+    """'shrunk' names the small test / demo models (no released weights, so not a variant that checkpoints are
+    matched against); the demo configs build them by that name."""
+    from mmengine.config import Config
+
+    from tests._tools import DET_CFG, SEG_CFG
+
+    for cls, arch, config in ((STViT, STVIT_T, DET_CFG), (HATNet, HATNET_T, SEG_CFG)):
+        model = cls("shrunk")
+        assert model.arch == cls(dict(arch)).arch and model.out_channels == [32, 64, 128, 256]
+        assert "shrunk" not in cls.archs  # released variants only
+        assert Config.fromfile(config).model.backbone.arch == "shrunk"
+
+
 def test_bad_arch_and_inputs():
-    with pytest.raises(ValueError, match=r"Unknown STViT arch 'tiny'.*'base', 'large', 'small'"):
+    with pytest.raises(ValueError, match=r"Unknown STViT arch 'tiny'.*'base', 'large', 'shrunk', 'small'"):
         STViT("tiny")
-    with pytest.raises(ValueError, match=r"Unknown HAT-Net arch.*'large', 'medium', 'small', 'tiny'"):
+    with pytest.raises(ValueError, match=r"Unknown HAT-Net arch.*'large', 'medium', 'shrunk', 'small', 'tiny'"):
         HATNet("xl")
     with pytest.raises(ValueError, match="one value per stage"):
         STViT({**STVIT_T, "depths": [1, 1, 1]})
@@ -136,38 +149,11 @@ def test_with_cp_same_outputs_and_grads():
         torch.testing.assert_close(p1.grad, p2.grad, msg=n)
 
 
-def _official_file(model, path, **extra):
-    """A checkpoint laid out like the released ones (DeiT training script)."""
-    sd = dict(model.state_dict())
-    if model.family == "stvit":
-        sd.update(
-            {
-                "proj.weight": torch.zeros(8, model.stage_channels[-1], 1, 1),
-                "head.weight": torch.zeros(3, 8),
-                "layers.0.blocks.0.attn.unfold.weights": torch.eye(9).reshape(9, 1, 3, 3),
-            }
-        )
-    else:
-        sd["classifier.1.weight"] = torch.zeros(3, model.stage_channels[-1])
-    torch.save(
-        {
-            "model": sd,
-            "optimizer": {"state": {}, "param_groups": []},
-            "epoch": 299,
-            "max_accuracy": 80.1,
-            "args": argparse.Namespace(model="stvit_small", lr=1e-3, drop_path=0.1),
-            **extra,
-        },
-        path,
-    )
-    return path
-
-
 @pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
 def test_load_official_release_layout(tmp_path, cls, arch):
     torch.manual_seed(1)
     src = cls(arch).eval()
-    path = _official_file(src, tmp_path / "release.pth")
+    path = official_file(src, tmp_path / "release.pth")
     dst = cls(arch, pretrained=str(path)).eval()
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
@@ -245,7 +231,6 @@ def test_norm_out_layers_are_new():
 def test_fast_modules_equal_literal_reference(cls, arch, size):
     """Forward and gradients of the fast paths equal the plain formulation (fast paths off)."""
     from tests._fast_vs_plain import outputs_and_grads
-    from tests.test_golden import assert_close  # tolerance relative to each tensor's scale
 
     torch.manual_seed(0)
     model = cls(arch).eval()

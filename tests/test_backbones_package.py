@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backbones import HATNet, STViT
-from tests.test_backbones import HATNET_T, STVIT_T
+from tests._tools import HATNET_T, STVIT_T
 
 PACKAGE = Path(__file__).resolve().parents[1] / "backbones"
 

@@ -3,7 +3,6 @@ checkpoint's callback entry (and read from the top-level key older checkpoints u
 the refusal to write non-finite weights, and which callbacks ``build_trainer`` adds."""
 
 import random
-import sys
 
 import lightning as L
 import numpy as np
@@ -13,12 +12,8 @@ from mmengine.config import Config
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tests._tools import REPO
-
-sys.path.insert(0, REPO)
-
-from tasks.callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers  # noqa: E402
-from tasks.trainer import build_trainer  # noqa: E402
+from tasks.callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
+from tasks.trainer import build_trainer
 
 
 class TinyRegression(L.LightningModule):

@@ -4,7 +4,7 @@ For every config: it loads with mmengine, its ``trainer`` / ``checkpoint_callbac
 ``lightning.Trainer`` / ``ModelCheckpoint`` keyword arguments consistent with the inherited mm
 ``train_cfg``, the optimizer / schedule / GPU count follow the file name and the recipe, the
 data pipelines build, the real-size backbone's ``out_channels`` match the neck / decode head,
-and the model -- with the backbone shrunk to the test archs of docs/DESIGN.md -- builds through
+and the model -- with the backbone shrunk to the backbones' 'shrunk' presets -- builds through
 the mmdet / mmseg registry and runs one ``loss`` (+ backward) and one ``predict`` step on a tiny
 synthetic batch. mmdet's Mask R-CNN R-50 and mmseg's UperNet R-50 configs with only the backbone
 swapped for ours are run the same way.
@@ -19,7 +19,6 @@ import inspect
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +29,6 @@ from mmengine.logging import MMLogger
 from mmengine.registry import DefaultScope
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 import backbones  # noqa: E402,F401  (registers STViT / HATNet in the mmdet and mmseg registries)
 from tests._tools import HATNET_T, STVIT_T  # noqa: E402
@@ -49,10 +46,11 @@ def _id(path):
     return str(path.relative_to(CONFIG_DIR))
 
 
-# The shrunk archs for CPU tests (tests/_tools.py). STViT's layer scale is switched on in the last two
-# stages (as in the base / large presets) so that the gamma parameters are exercised too.
-SHRUNK_ARCH = {"STViT": dict(STVIT_T, layerscale=[False, False, True, True]), "HATNet": HATNET_T}
-SHRUNK_CHANNELS = [32, 64, 128, 256]
+# The backbones' 'shrunk' presets, with STViT's layer scale switched on in the last two stages (as in the base /
+# large presets) so that the gamma parameters are exercised too.
+SHRUNK_ARCH = {"STViT": {**STVIT_T, "layerscale": [False, False, True, True]}, "HATNet": HATNET_T}
+assert STVIT_T["embed_dims"] == HATNET_T["dims"]
+SHRUNK_CHANNELS = HATNET_T["dims"]
 
 # Released variants: name letter -> (arch, stage channels).
 VARIANTS = {

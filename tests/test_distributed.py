@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests._tools import DET_CFG, REPO, SEG_CFG, flat_metrics, load_tool, random_checkpoint, write_image_info
+from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, flat_metrics, load_tool, random_checkpoint
 
 TIMEOUT = 240
 
@@ -53,32 +53,11 @@ def run(cmd, timeout=TIMEOUT, **kwargs):
     return proc
 
 
-def data_opts(root, dataset):
-    opts = []
-    for split in ("train", "val", "test"):
-        opts += [f"{split}_dataloader.dataset.data_root={root}/{dataset}/", f"{split}_dataloader.num_workers=0"]
-    return opts + [
-        "train_dataloader.batch_size=2",
-        "trainer.enable_progress_bar=False",
-        "trainer.enable_model_summary=False",
-        "trainer.accelerator=cpu",
-    ]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    tiny = load_tool("make_tiny_data")
-    out = tmp_path_factory.mktemp("data")
-    # 5 val images over 2 ranks: 3 + 2 batches, so uneven validation must neither hang nor double count
-    tiny.make_coco(out, num_train=4, num_val=3, seed=0)
-    tiny.make_ade20k(out, num_train=8, num_val=5, seed=0)
-    return str(out)
-
-
-def test_ddp_two_processes_same_weights_and_metrics_as_one(data_dir, tmp_path):
+def test_ddp_two_processes_same_weights_and_metrics_as_one(data_opts, tmp_path):
+    # the validation images split unevenly over the 2 ranks: validation must neither hang nor double count
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(repo=REPO, out=str(tmp_path)))
-    opts = [*data_opts(data_dir, "tiny_ade20k"), "trainer.max_steps=2", "trainer.val_check_interval=2"]
+    opts = [*data_opts("tiny_ade20k"), "trainer.max_steps=2", "trainer.val_check_interval=2"]
     work = tmp_path / "ddp"
     run(
         [
@@ -121,10 +100,10 @@ def test_ddp_two_processes_same_weights_and_metrics_as_one(data_dir, tmp_path):
     assert flat_metrics(single) == pytest.approx(flat_metrics(ddp_metrics), abs=1e-6, nan_ok=True)
 
 
-def test_two_nodes_torchrun_localhost(data_dir, tmp_path):
+def test_two_nodes_torchrun_localhost(data_opts, tmp_path):
     port = str(free_port())
     opts = [
-        *data_opts(data_dir, "tiny_coco"),
+        *data_opts("tiny_coco"),
         "trainer.num_nodes=2",
         "trainer.devices=1",
         "trainer.strategy=ddp",
@@ -170,17 +149,16 @@ def test_two_nodes_torchrun_localhost(data_dir, tmp_path):
     assert osp.isfile(tmp_path / "node0" / "last.ckpt")
 
 
-def test_test_tool_tta_slide_and_submission_files_each_image_once(data_dir, tmp_path):
+def test_test_tool_tta_slide_and_submission_files_each_image_once(data_opts, tmp_path):
     """tools/test.py under 2 processes (3 images: 2 + 1) gives one process's metrics and files: segmentation
     with --tta and sliding-window inference, and --format-only on an image-info-only COCO set."""
     test = load_tool("test")
-    image_info = write_image_info(osp.join(data_dir, "tiny_coco"))
     # windows of 192 px: one for most of the 12 TTA views of these 128-192 px images, several for the largest
     runs = {
         "seg": (
             SEG_CFG,
             [
-                *data_opts(data_dir, "tiny_ade20k"),
+                *data_opts("tiny_ade20k"),
                 "model.test_cfg.mode=slide",
                 "model.test_cfg.crop_size=(192,192)",
                 "model.test_cfg.stride=(128,128)",
@@ -189,7 +167,7 @@ def test_test_tool_tta_slide_and_submission_files_each_image_once(data_dir, tmp_
         ),
         "det": (
             DET_CFG,
-            [*data_opts(data_dir, "tiny_coco"), f"test_dataloader.dataset.ann_file={image_info}"],
+            [*data_opts("tiny_coco"), f"test_dataloader.dataset.ann_file={IMAGE_INFO}"],
             ["--format-only"],
         ),
     }

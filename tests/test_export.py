@@ -7,83 +7,20 @@ import argparse
 import json
 import os
 import os.path as osp
-import sys
 
 import pytest
 import torch
 import torch.nn as nn
 
-from tests._tools import DET_CFG, REPO, SEG_CFG, flat_metrics, load_tool
-
-sys.path.insert(0, REPO)
-
-from backbones import CheckpointError, HATNet, STViT, load_pretrained  # noqa: E402
-from backbones.export import ExportError, read_export, tensor_sha256, verify_export  # noqa: E402
-from tasks.export import export_backbone  # noqa: E402
+from backbones import CheckpointError, HATNet, STViT, load_pretrained
+from backbones.export import ExportError, read_export, tensor_sha256, verify_export
+from tasks.export import export_backbone
+from tests._tools import DET_CFG, GOLDEN_CASES, flat_metrics, load_tool
 
 EYE = torch.eye(9).reshape(9, 1, 3, 3)
 
 
-train_tool, tiny_data = load_tool("train"), load_tool("make_tiny_data")
 export_backbone_tool, export_model_tool = load_tool("export_backbone"), load_tool("export_model")
-
-
-def _opts(root, dataset, batch_size):
-    opts = []
-    for split in ("train", "val", "test"):
-        opts += [f"{split}_dataloader.dataset.data_root={root}/{dataset}/", f"{split}_dataloader.num_workers=0"]
-    return opts + [
-        f"train_dataloader.batch_size={batch_size}",
-        "trainer.enable_progress_bar=False",
-        "trainer.enable_model_summary=False",
-        "trainer.logger=False",
-        "trainer.limit_val_batches=1",
-    ]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data")
-    tiny_data.make_coco(out, num_train=2, num_val=1, seed=0)
-    tiny_data.make_ade20k(out, num_train=2, num_val=1, seed=0)
-    return str(out)
-
-
-def _train(config, work_dir, opts):
-    metrics = train_tool.main([config, "--work-dir", work_dir, "--cfg-options", *opts])
-    # tools/train.py writes the resolved config (with the overrides) into the work dir
-    return osp.join(work_dir, "last.ckpt"), osp.join(work_dir, osp.basename(config)), metrics
-
-
-@pytest.fixture(scope="module")
-def det_run(data_dir, tmp_path_factory):
-    """Mask R-CNN + shrunk STViT, two steps at 96 px, validated once: (ckpt, resolved config, metrics)."""
-    scale = [
-        "train_dataloader.dataset.pipeline.2.scale=(96,96)",
-        "val_dataloader.dataset.pipeline.1.scale=(96,96)",
-        "test_dataloader.dataset.pipeline.1.scale=(96,96)",
-    ]
-    return _train(
-        DET_CFG,
-        str(tmp_path_factory.mktemp("det")),
-        [
-            *_opts(data_dir, "tiny_coco", 1),
-            *scale,
-            "trainer.max_epochs=1",
-            "trainer.limit_train_batches=2",
-            "trainer.check_val_every_n_epoch=1",
-        ],
-    )
-
-
-@pytest.fixture(scope="module")
-def seg_run(data_dir, tmp_path_factory):
-    """UPerNet + shrunk HAT-Net, two steps: (ckpt, resolved config, metrics)."""
-    return _train(
-        SEG_CFG,
-        str(tmp_path_factory.mktemp("seg")),
-        [*_opts(data_dir, "tiny_ade20k", 2), "trainer.max_steps=2", "trainer.val_check_interval=2"],
-    )
 
 
 def _lightning_module(config, ckpt):
@@ -97,7 +34,7 @@ def _lightning_module(config, ckpt):
 
 @pytest.fixture(scope="module")
 def det_exports(det_run, tmp_path_factory):
-    ckpt, config, _ = det_run
+    ckpt, config = det_run.ckpt, det_run.config
     out = tmp_path_factory.mktemp("exports")
     paths = {
         "pth": str(out / "stvit.pth"),
@@ -114,7 +51,7 @@ def test_exports_load_through_init_cfg_with_identical_outputs(det_run, det_expor
 
     from tasks.config import load_config
 
-    ckpt, config, metrics = det_run
+    ckpt, config, metrics = det_run.ckpt, det_run.config, det_run.metrics
     paths, metas = det_exports
     module, _ = _lightning_module(config, ckpt)
     x = torch.randn(1, 3, 96, 128, generator=torch.Generator().manual_seed(0))
@@ -148,7 +85,7 @@ def test_exports_load_through_init_cfg_with_identical_outputs(det_run, det_expor
 
 def test_pth_and_safetensors_hold_bit_identical_tensors(det_run, det_exports):
     paths, metas = det_exports
-    ckpt = torch.load(det_run[0], map_location="cpu", weights_only=True)["state_dict"]
+    ckpt = torch.load(det_run.ckpt, map_location="cpu", weights_only=True)["state_dict"]
     trained = {k[len("model.backbone.") :]: v for k, v in ckpt.items() if k.startswith("model.backbone.")}
     pth, pth_meta = read_export(paths["pth"])
     st, st_meta = read_export(paths["safetensors"])
@@ -162,7 +99,7 @@ def test_pth_and_safetensors_hold_bit_identical_tensors(det_run, det_exports):
 
 
 def test_exporting_twice_gives_identical_bytes(det_run, det_exports):
-    ckpt, config, _ = det_run
+    ckpt, config = det_run.ckpt, det_run.config
     paths, _ = det_exports
     for fmt, path in paths.items():
         before = open(path, "rb").read()
@@ -238,9 +175,7 @@ def test_official_export_matches_released_key_manifest(variant, reference_dir, t
 def test_official_export_reproduces_the_official_state_dict(name, reference_dir, tmp_path):
     """Shrunk archs: the official models' own state dicts (golden files) minus the head are reproduced
     exactly, key for key, shape for shape and value for value (the identity unfold/fold kernels included)."""
-    from tests.test_golden import CASES
-
-    cls, arch = CASES[name]
+    cls, arch = GOLDEN_CASES[name]
     official_sd = torch.load(reference_dir / name, weights_only=True)["state_dict"]
     model = cls(arch)
     load_pretrained(model, official_sd)
@@ -256,9 +191,8 @@ def test_released_official_checkpoint_loads_through_init_cfg(reference_dir, tmp_
     from mmdet.registry import MODELS
 
     import backbones  # noqa: F401  (registers the mm adapters)
-    from tests.test_golden import CASES
 
-    _, arch = CASES["stvit_tiny_s8411.pt"]
+    _, arch = GOLDEN_CASES["stvit_tiny_s8411.pt"]
     sd = torch.load(reference_dir / "stvit_tiny_s8411.pt", weights_only=True)["state_dict"]
     path = tmp_path / "release.pth"
     torch.save({"model": sd, "optimizer": {}, "epoch": 299, "args": argparse.Namespace(model="stvit")}, path)
@@ -280,7 +214,7 @@ def _assert_same_det(a, b):
 def test_export_model_loads_in_init_detector_and_predicts_the_same(det_run, tmp_path):
     from mmdet.apis import inference_detector, init_detector
 
-    ckpt, config, metrics = det_run
+    ckpt, config, metrics = det_run.ckpt, det_run.config, det_run.metrics
     out = str(tmp_path / "det.pth")
     meta = export_model_tool.main([ckpt, "--out", out, "--config", config])
     again = export_model_tool.export_model(ckpt, tmp_path / "det2.pth", config)
@@ -317,7 +251,7 @@ def test_export_model_loads_in_init_detector_and_predicts_the_same(det_run, tmp_
 def test_export_model_loads_in_mmseg_init_model_and_predicts_the_same(seg_run, tmp_path):
     from mmseg.apis import init_model
 
-    ckpt, config, _ = seg_run
+    ckpt, config = seg_run.ckpt, seg_run.config
     out = str(tmp_path / "seg.pth")
     export_model_tool.main([ckpt, "--out", out, "--config", config])
     module, datamodule = _lightning_module(config, ckpt)
@@ -349,13 +283,13 @@ def test_checkpoint_without_backbone(tmp_path):
 
 
 def test_truncated_or_corrupt_files(det_run, det_exports, tmp_path):
-    data = open(det_run[0], "rb").read()
+    data = open(det_run.ckpt, "rb").read()
     (tmp_path / "cut.ckpt").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
-        export_backbone(tmp_path / "cut.ckpt", tmp_path / "x.pth", config=det_run[1])
+        export_backbone(tmp_path / "cut.ckpt", tmp_path / "x.pth", config=det_run.config)
     (tmp_path / "noise.pth").write_bytes(b"this is not a checkpoint\n" * 100)
     with pytest.raises(CheckpointError, match="corrupt"):
-        export_backbone(tmp_path / "noise.pth", tmp_path / "x.pth", config=det_run[1])
+        export_backbone(tmp_path / "noise.pth", tmp_path / "x.pth", config=det_run.config)
     paths, metas = det_exports
     arch = metas["pth"]["arch"]
     for fmt in ("pth", "safetensors"):
@@ -368,7 +302,7 @@ def test_truncated_or_corrupt_files(det_run, det_exports, tmp_path):
 
 
 def test_format_must_match_extension(det_run, det_exports, tmp_path):
-    ckpt, config, _ = det_run
+    ckpt, config = det_run.ckpt, det_run.config
     with pytest.raises(ExportError, match=r"'safetensors' does not match the extension.*\.safetensors"):
         export_backbone(ckpt, tmp_path / "x.pth", "safetensors", config=config)
     with pytest.raises(ExportError, match=r"'official' does not match the extension.*\.pth or \.pt"):
@@ -390,17 +324,7 @@ def test_format_must_match_extension(det_run, det_exports, tmp_path):
 
 def test_export_into_another_family_or_variant(det_exports):
     paths, metas = det_exports
-    hatnet = HATNet(
-        dict(
-            dims=[32, 64, 128, 256],
-            head_dim=32,
-            expansions=[4] * 4,
-            grid_sizes=[8, 7, 7, 1],
-            ds_ratios=[8, 4, 2, 1],
-            depths=[1, 1, 2, 1],
-            kernel_sizes=[3] * 4,
-        )
-    )
+    hatnet = HATNet("shrunk")
     stvit_small = STViT("small")
     for path in paths.values():
         with pytest.raises(CheckpointError, match="is an export of a stvit backbone; the model is HATNet"):
@@ -414,7 +338,7 @@ def test_export_into_another_family_or_variant(det_exports):
 
 
 def test_config_errors(det_run, seg_run, tmp_path):
-    ckpt, config, _ = det_run
+    ckpt = det_run.ckpt
     # A checkpoint without the config that tools/train.py stores (e.g. written by other code): --config needed.
     obj = torch.load(ckpt, map_location="cpu", weights_only=True)
     del obj["mm_config"]
@@ -424,13 +348,13 @@ def test_config_errors(det_run, seg_run, tmp_path):
     with pytest.raises(ExportError, match=r"does not record its config.*--config"):
         export_backbone(bare, tmp_path / "x.pth")
     with pytest.raises(CheckpointError, match="holds a stvit backbone, but the config describes HATNet"):
-        export_backbone(ckpt, tmp_path / "x.pth", config=seg_run[1])
+        export_backbone(ckpt, tmp_path / "x.pth", config=seg_run.config)
 
 
 def test_config_and_metrics_stored_in_the_lightning_checkpoint_are_used(det_run, tmp_path):
     """tools/train.py's checkpoints carry the resolved config text ('mm_config') and the last validation
     metrics ('val_metrics'), plain types that weights_only loading accepts: no --config needed."""
-    ckpt, config, metrics = det_run
+    ckpt, config, metrics = det_run.ckpt, det_run.config, det_run.metrics
     obj = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert isinstance(obj["mm_config"], str) and flat_metrics(obj["val_metrics"]) == pytest.approx(
         flat_metrics(metrics), nan_ok=True
@@ -459,7 +383,7 @@ def test_official_export_refuses_output_norms(tmp_path):
 
 def test_config_text_in_a_checkpoint_is_never_executed(det_run, tmp_path):
     """The config stored in a checkpoint is read as literals only: a crafted one cannot run code."""
-    ckpt, _, _ = det_run
+    ckpt = det_run.ckpt
     marker = tmp_path / "pwned"
     obj = torch.load(ckpt, map_location="cpu", weights_only=True)
     obj["mm_config"] = f"import os\nos.system('touch {marker}')\n" + obj["mm_config"]

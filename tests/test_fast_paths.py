@@ -6,17 +6,7 @@ import torch
 import backbones
 from backbones import HATNet, STViT, fast_paths, set_fast_paths
 from backbones.stvit import Attention, Mlp
-
-
-def _grad_fns(y: torch.Tensor) -> set[str]:
-    """Names of every autograd node that produced y."""
-    seen, todo = set(), [y.grad_fn]
-    while todo:
-        fn = todo.pop()
-        if fn is not None and fn.name() not in seen:
-            seen.add(fn.name())
-            todo += [f for f, _ in fn.next_functions]
-    return seen
+from tests._tools import grad_fns
 
 
 def test_set_fast_paths_returns_the_previous_setting():
@@ -53,9 +43,9 @@ def test_every_fast_path_reads_the_switch():
     t = torch.randn(1, 16, 8, 8).contiguous(memory_format=torch.channels_last).requires_grad_()
     forcing = dict(row_chunk_bytes=2 * 32 * 10 * 4 * 2, mlp_recompute_numel=0, attention_min_keys=1)
     with fast_paths(True, **forcing):
-        fast = _grad_fns(mlp(x)) | _grad_fns(attn(t))
+        fast = grad_fns(mlp(x)) | grad_fns(attn(t))
     with fast_paths(False, **forcing):
-        plain = _grad_fns(mlp(x)) | _grad_fns(attn(t))
+        plain = grad_fns(mlp(x)) | grad_fns(attn(t))
     assert {"_OverlappingRowsBackward", "_MlpTailBackward", "_OneDnnAttentionBackward"} <= fast
     assert not any(name.startswith("_") for name in plain), plain
 

@@ -7,50 +7,9 @@ import pytest
 import torch
 
 import backbones
-from backbones import HATNet, STViT, fast_paths, load_pretrained
+from backbones import fast_paths, load_pretrained
+from tests._tools import ATOL, GOLDEN_CASES, assert_close
 
-CASES = {
-    "stvit_tiny_s8411.pt": (
-        STViT,
-        dict(
-            embed_dims=[16, 32, 48, 64],
-            depths=[1, 2, 2, 1],
-            num_heads=[1, 2, 3, 4],
-            n_iter=[1, 1, 1, 1],
-            stoken_size=[8, 4, 1, 1],
-            layerscale=[False, False, True, True],
-            init_values=1e-5,
-        ),
-    ),
-    "stvit_tiny_s4221_iter2.pt": (
-        STViT,
-        dict(
-            embed_dims=[16, 32, 48, 64],
-            depths=[1, 1, 2, 1],
-            num_heads=[1, 2, 3, 4],
-            n_iter=[2, 1, 1, 1],
-            stoken_size=[4, 2, 2, 1],
-            layerscale=[False] * 4,
-            init_values=1e-5,
-        ),
-    ),
-    "hatnet_tiny_g8771.pt": (
-        HATNet,
-        dict(
-            dims=[16, 32, 48, 64],
-            head_dim=8,
-            expansions=[2, 2, 2, 2],
-            grid_sizes=[8, 7, 7, 1],
-            ds_ratios=[8, 4, 2, 1],
-            depths=[1, 1, 2, 1],
-            kernel_sizes=[3, 3, 5, 3],
-        ),
-    ),
-}
-
-
-# The reference README's tolerance: rtol=1e-4, atol=1e-5 relative to each tensor's scale.
-ATOL = 1e-5
 # float32 gradients: a weight's gradient sums over every position, and the rounding of that sum depends on the
 # CPU's kernels: ours (SDPA's CPU kernel) round differently from the official explicit attention, by a few
 # times the reference tolerance on some CPUs (figures in docs/backbones.md, "Exactness"). So
@@ -59,17 +18,10 @@ ATOL = 1e-5
 GRAD_ATOL_FP32 = 5e-5
 
 
-def assert_close(actual, expected, what, atol=ATOL):
-    scale = expected.abs().max().clamp_min(1e-12)
-    torch.testing.assert_close(
-        actual.to(expected.dtype) / scale, expected / scale, rtol=1e-4, atol=atol, msg=lambda m: f"{what}: {m}"
-    )
-
-
-@pytest.fixture(scope="module", params=sorted(CASES))
+@pytest.fixture(scope="module", params=sorted(GOLDEN_CASES))
 def golden(request, reference_dir):
     data = torch.load(reference_dir / request.param, weights_only=True)
-    cls, arch = CASES[request.param]
+    cls, arch = GOLDEN_CASES[request.param]
     model = cls(arch).eval()
     report = load_pretrained(model, data["state_dict"])
     return request.param, model, data, report
@@ -142,7 +94,7 @@ def test_golden_data_is_the_recorded_set(reference_dir):
     recorded = dict(
         re.findall(r"^\| `([\w.]+)` \|.*\| `([0-9a-f]{64})` \|$", (reference_dir / "README.md").read_text(), flags=re.M)
     )
-    assert sorted(recorded) == sorted([*CASES, "official_keys.json"])
+    assert sorted(recorded) == sorted([*GOLDEN_CASES, "official_keys.json"])
     shared = reference_dir.parents[2] / "shared" / "reference"
     for name, sha in recorded.items():
         data = (reference_dir / name).read_bytes()

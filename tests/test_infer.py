@@ -14,41 +14,11 @@ from PIL import Image
 from backbones.pretrained import CheckpointError
 from tasks.export import export_backbone, export_model
 from tasks.inference import InputError, build_inferencer, find_images
-from tests._tools import DET_CFG, SEG_CFG, load_tool
+from tests._tools import load_tool
 
-infer_tool, train_tool, tiny_data = load_tool("infer"), load_tool("train"), load_tool("make_tiny_data")
-# every detection in the JSON, so that the comparison has boxes and masks to compare after one training step
+infer_tool = load_tool("infer")
+# every detection in the JSON, so that the comparison has boxes and masks to compare after two training steps
 DET_OPTS = ["model.test_cfg.rcnn.score_thr=0.0"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data")
-    tiny_data.make_coco(out, num_train=2, num_val=2, seed=0)
-    tiny_data.make_ade20k(out, num_train=2, num_val=3, seed=0)
-    return out
-
-
-def _train(config, data_root, work_dir, opts):
-    """One optimizer step, no validation: (Lightning checkpoint, the resolved config tools/train.py saved)."""
-    data = [f"{s}_dataloader.dataset.data_root={data_root}/" for s in ("train", "val", "test")]
-    common = ["trainer.logger=False", "trainer.enable_progress_bar=False", "trainer.enable_model_summary=False"]
-    train_tool.main([config, "--work-dir", str(work_dir), "--cfg-options", *data, *common, *opts])
-    return str(work_dir / "last.ckpt"), str(work_dir / osp.basename(config))
-
-
-@pytest.fixture(scope="module")
-def det_run(data_dir, tmp_path_factory):
-    scale = [f"{s}_dataloader.dataset.pipeline.{i}.scale=(96,96)" for s, i in (("train", 2), ("val", 1), ("test", 1))]
-    opts = ["train_dataloader.batch_size=1", "trainer.max_epochs=1", "trainer.limit_train_batches=1"]
-    opts += [*scale, "trainer.limit_val_batches=0"]
-    return _train(DET_CFG, data_dir / "tiny_coco", tmp_path_factory.mktemp("det"), opts)
-
-
-@pytest.fixture(scope="module")
-def seg_run(data_dir, tmp_path_factory):
-    opts = ["train_dataloader.batch_size=2", "trainer.max_steps=1", "trainer.limit_val_batches=0"]
-    return _train(SEG_CFG, data_dir / "tiny_ade20k", tmp_path_factory.mktemp("seg"), opts)
 
 
 def _outputs(out_dir):
@@ -56,13 +26,13 @@ def _outputs(out_dir):
     return names("vis", ""), names("preds", ".json")
 
 
-def test_detection_equals_det_inferencer_on_the_exported_model(det_run, data_dir, tmp_path):
+def test_detection_equals_det_inferencer_on_the_exported_model(det_run, tiny_data, tmp_path):
     from mmdet.apis import DetInferencer
 
     from tasks.config import load_config
 
-    ckpt, config = det_run
-    folder = str(data_dir / "tiny_coco" / "val2017")  # held out: not trained on
+    ckpt, config = det_run.ckpt, det_run.config
+    folder = str(tiny_data / "tiny_coco" / "val2017")  # held out: not trained on
     images = sorted(os.listdir(folder))
     ours = str(tmp_path / "ours")
     args = ["--batch-size", "2", "--device", "cpu", "--score-thr", "0", "--cfg-options", *DET_OPTS]
@@ -85,11 +55,11 @@ def test_detection_equals_det_inferencer_on_the_exported_model(det_run, data_dir
         assert image.shape == overlay.shape and np.abs(image - overlay).mean() > 1.0
 
 
-def test_segmentation_equals_mmseg_inferencer_on_the_exported_model(seg_run, data_dir, tmp_path):
+def test_segmentation_equals_mmseg_inferencer_on_the_exported_model(seg_run, tiny_data, tmp_path):
     from mmseg.apis import MMSegInferencer
 
-    ckpt, config = seg_run
-    folder = str(data_dir / "tiny_ade20k" / "images" / "validation")
+    ckpt, config = seg_run.ckpt, seg_run.config
+    folder = str(tiny_data / "tiny_ade20k" / "images" / "validation")
     images = sorted(os.listdir(folder))
     ours = str(tmp_path / "ours")
     # batches of 2 (mmseg batches one image size at a time) against mmseg's one image at a time
@@ -113,7 +83,7 @@ def test_segmentation_equals_mmseg_inferencer_on_the_exported_model(seg_run, dat
 def test_backbone_export_loads_only_the_backbone_with_a_warning(det_run, tmp_path):
     import torch
 
-    ckpt, config = det_run
+    ckpt, config = det_run.ckpt, det_run.config
     export = str(tmp_path / "stvit.safetensors")
     export_backbone(ckpt, export, config=config)
     with pytest.warns(UserWarning, match=r"is a backbone export: only model.backbone is loaded"):
@@ -125,8 +95,8 @@ def test_backbone_export_loads_only_the_backbone_with_a_warning(det_run, tmp_pat
 
 
 def test_checkpoint_that_does_not_fit_the_config_is_refused(det_run, seg_run, tmp_path):
-    det_ckpt, det_config = det_run
-    seg_ckpt, seg_config = seg_run
+    det_config = det_run.config
+    seg_ckpt, seg_config = seg_run.ckpt, seg_run.config
     with pytest.raises(CheckpointError, match=r"Checkpoint file not found: '.*missing.ckpt'"):
         build_inferencer(det_config, str(tmp_path / "missing.ckpt"), device="cpu")
     with pytest.raises(CheckpointError, match=r"does not match the config's model.*trained with instead of"):
@@ -158,7 +128,7 @@ def test_inputs_files_folders_globs_and_their_errors(tmp_path):
 
 
 def test_tool_reports_bad_input_without_a_traceback(det_run, tmp_path, monkeypatch):
-    ckpt, config = det_run
+    ckpt, config = det_run.ckpt, det_run.config
     pattern = str(tmp_path / "*.jpg")
     monkeypatch.setattr("sys.argv", ["infer.py", config, ckpt, pattern, "--out-dir", str(tmp_path)])
     with pytest.raises(SystemExit) as exit_info:  # the command line: the message, no traceback

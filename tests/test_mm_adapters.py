@@ -5,7 +5,7 @@ import torch
 
 import backbones
 from backbones import HATNet, STViT, load_pretrained
-from tests.test_backbones import HATNET_T, STVIT_T, _official_file
+from tests._tools import HATNET_T, STVIT_T, official_file
 
 pytest.importorskip("mmcv.ops", reason="mmcv with compiled ops is installed by tools/setup_env.sh")
 
@@ -16,7 +16,7 @@ def test_build_from_registry_with_pretrained(tmp_path, registry, type_, cls, arc
     MODELS = __import__(f"{registry}.registry", fromlist=["MODELS"]).MODELS
     torch.manual_seed(0)
     src = cls(arch).eval()
-    path = _official_file(src, tmp_path / "official.pth")
+    path = official_file(src, tmp_path / "official.pth")
     model = MODELS.build(
         dict(type=type_, arch=arch, out_indices=(0, 1, 2, 3), init_cfg=dict(type="Pretrained", checkpoint=str(path)))
     )
@@ -134,7 +134,7 @@ def test_forwarded_model_pretrained_is_refused_naming_it_and_the_fix(tmp_path, p
 
 def test_the_named_fix_builds_and_loads_through_init_cfg(tmp_path):
     """model.pretrained=None and the backbone's weights through backbone.init_cfg, as the error says."""
-    src = _official_file(HATNet(HATNET_T), tmp_path / "hatnet.pth")
+    src = official_file(HATNet(HATNET_T), tmp_path / "hatnet.pth")
     model_cfg = _mmseg_stock_with_our_backbone(None)
     model_cfg.backbone.init_cfg = dict(type="Pretrained", checkpoint=str(src))
     seg = _build_mmseg(model_cfg)

@@ -9,9 +9,7 @@ import torch
 
 from backbones import HATNet, STViT
 from backbones.export import export_onnx
-from tests._tools import DET_CFG, load_tool
-from tests.test_backbones import HATNET_T, STVIT_T
-from tests.test_golden import assert_close
+from tests._tools import DET_CFG, HATNET_T, STVIT_T, assert_close, load_tool
 
 # 96x128 divides by every grid; 100x140 by none (STViT pads to whole super tokens, HAT-Net has partial
 # border windows and pooled cells)

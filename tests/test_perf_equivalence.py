@@ -10,9 +10,7 @@ from backbones import STViT, _kernels, _ops, fast_paths
 from backbones._kernels import _MlpTail
 from backbones.stvit import Mlp
 from tests._fast_vs_plain import outputs_and_grads
-from tests.test_backbones import STVIT_T
-from tests.test_fast_paths import _grad_fns
-from tests.test_golden import assert_close
+from tests._tools import STVIT_T, assert_close, grad_fns
 
 
 def _plain_mlp(m: Mlp, x):
@@ -175,7 +173,7 @@ def _fast_and_plain_mlp(m: Mlp, x, **limits):
         with fast_paths(fast, **limits):
             y = m(x)
         g = torch.ones_like(y).mul_(torch.linspace(-1, 1, y.numel()).reshape(y.shape))
-        results.append((y, torch.autograd.grad(y, [x] + list(m.parameters()), g), _grad_fns(y)))
+        results.append((y, torch.autograd.grad(y, [x] + list(m.parameters()), g), grad_fns(y)))
     return results
 
 

@@ -8,7 +8,6 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from tasks.progress import StepRichProgressBar, StepTQDMProgressBar
 from tests._tools import SEG_CFG, load_tool
-from tests.test_train import data_dir, data_opts  # noqa: F401  (data_dir is a fixture)
 
 
 class BarState(L.Callback):
@@ -56,9 +55,9 @@ def test_iteration_bar_counts_steps_across_epochs(bar_cls):
     assert state.seen == [("Iter", f"{n}/5", n, 5) for n in range(6)]
 
 
-def test_iteration_based_config_run_shows_iterations(data_dir, tmp_path):  # noqa: F811
-    """tools/train.py on the segmentation demo (mm IterBasedTrainLoop -> max_steps, max_epochs=-1): 4 images
-    in batches of 2, 3 iterations, so the run crosses an epoch boundary."""
+def test_iteration_based_config_run_shows_iterations(data_opts, tmp_path):
+    """tools/train.py on the segmentation demo (mm IterBasedTrainLoop -> max_steps, max_epochs=-1): epochs of
+    2 batches, 3 iterations, so the run crosses an epoch boundary."""
     state = BarState()
     load_tool("train").main(
         [
@@ -66,8 +65,9 @@ def test_iteration_based_config_run_shows_iterations(data_dir, tmp_path):  # noq
             "--work-dir",
             str(tmp_path),
             "--cfg-options",
-            *data_opts(data_dir, "tiny_ade20k"),
+            *data_opts("tiny_ade20k"),
             "trainer.enable_progress_bar=True",
+            "trainer.limit_train_batches=2",
             "trainer.max_steps=3",
             "trainer.limit_val_batches=0",
             "checkpoint_callback.monitor=None",

@@ -18,11 +18,10 @@ import torch
 
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 
-sys.path.insert(0, REPO)
 TIMEOUT = 240
 
 
-train_tool, tiny_data = load_tool("train"), load_tool("make_tiny_data")
+train_tool, make_tiny_data = load_tool("train"), load_tool("make_tiny_data")
 
 
 def free_port():
@@ -35,31 +34,18 @@ def env():
     return {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data")
-    tiny_data.make_ade20k(out, num_train=8, num_val=2, seed=0)
-    return str(out)
-
-
-def seg_opts(root, *extra):
-    opts = []
-    for split in ("train", "val", "test"):
-        opts += [f"{split}_dataloader.dataset.data_root={root}/tiny_ade20k/", f"{split}_dataloader.num_workers=0"]
+def seg_opts(data_opts, *extra):
     # 64 px crops of 128 px images, batch 2: a step takes a fraction of a second on one core
-    return opts + [
-        "train_dataloader.batch_size=2",
+    return data_opts(
+        "tiny_ade20k",
         "crop_size=(64,64)",
         "model.data_preprocessor.size=(64,64)",
         "train_dataloader.dataset.pipeline.2.scale=(128,64)",
         "train_dataloader.dataset.pipeline.3.crop_size=(64,64)",
-        "trainer.enable_progress_bar=False",
-        "trainer.enable_model_summary=False",
-        "trainer.log_every_n_steps=1",
         "trainer.limit_val_batches=0",
         "checkpoint_callback.monitor=None",
         *extra,
-    ]
+    )
 
 
 def _ckpt(path):
@@ -143,10 +129,10 @@ def _train_loader_state(ckpt):
     return ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
 
 
-def test_sigkill_mid_epoch_then_resume_is_bit_identical(data_dir, tmp_path):
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(data_opts, tmp_path):
     # 4 batches per epoch, 9 steps (2 epochs + 1 batch), last.ckpt every 3 steps: the kill lands mid-epoch.
     opts = seg_opts(
-        data_dir,
+        data_opts,
         "trainer.max_steps=9",
         "trainer.val_check_interval=9",
         "trainer.deterministic=True",
@@ -161,7 +147,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(data_dir, tmp_path):
 def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
     # The detection demo inherits mmdet's batch_sampler=AspectRatioBatchSampler; 8 training images of both
     # orientations (one of the 9 has no objects), 4 batches of 2 per epoch.
-    tiny_data.make_coco(tmp_path / "data", num_train=9, num_val=1, seed=0)
+    make_tiny_data.make_coco(tmp_path / "data", num_train=9, num_val=1, seed=0)
     root = tmp_path / "data" / "tiny_coco"
     opts = []
     for split in ("train", "val", "test"):
@@ -184,11 +170,11 @@ def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
     assert _train_loader_state(ckpt)["batch_sampler"] == "AspectRatioBatchSampler"
 
 
-def test_sigkill_mid_epoch_then_resume_two_ddp_processes(data_dir, tmp_path):
+def test_sigkill_mid_epoch_then_resume_two_ddp_processes(data_opts, tmp_path):
     # 2 processes (gloo DDP): 8 images, batch 2, 2 batches per rank and epoch; 5 steps, last.ckpt every 3 steps,
     # so the kill lands mid-epoch and the resumed run crosses an epoch boundary.
     opts = seg_opts(
-        data_dir,
+        data_opts,
         "trainer.max_steps=5",
         "trainer.val_check_interval=5",
         "trainer.deterministic=True",
@@ -224,7 +210,7 @@ class NaNAtBatch(L.Callback):
             self.handle.remove()
 
 
-def test_nan_loss_stops_naming_step_and_term_and_keeps_last_checkpoint(data_dir, tmp_path):
+def test_nan_loss_stops_naming_step_and_term_and_keeps_last_checkpoint(data_opts, tmp_path):
     nan = NaNAtBatch(3)
     with pytest.raises(
         FloatingPointError,
@@ -237,7 +223,7 @@ def test_nan_loss_stops_naming_step_and_term_and_keeps_last_checkpoint(data_dir,
                 "--work-dir",
                 str(tmp_path),
                 "--cfg-options",
-                *seg_opts(data_dir, "trainer.max_steps=6", "checkpoint_every_n_steps=1"),
+                *seg_opts(data_opts, "trainer.max_steps=6", "checkpoint_every_n_steps=1"),
             ],
             callbacks=[nan],
         )
@@ -250,14 +236,14 @@ def test_nan_loss_stops_naming_step_and_term_and_keeps_last_checkpoint(data_dir,
     print(f"NaN at step 3: stopped in {stopped_in:.2f} s; last.ckpt from step {ckpt['global_step']}")
 
 
-def test_nan_loss_skip_mode_skips_and_counts(data_dir, tmp_path):
+def test_nan_loss_skip_mode_skips_and_counts(data_opts, tmp_path):
     train_tool.main(
         [
             SEG_CFG,
             "--work-dir",
             str(tmp_path),
             "--cfg-options",
-            *seg_opts(data_dir, "trainer.max_steps=4", "nonfinite_loss=skip", "checkpoint_every_n_steps=4"),
+            *seg_opts(data_opts, "trainer.max_steps=4", "nonfinite_loss=skip", "checkpoint_every_n_steps=4"),
         ],
         callbacks=[NaNAtBatch(1)],
     )
@@ -324,14 +310,14 @@ train.cli(sys.argv[1:], callbacks=[NaNImagesOnRank1()])
 '''
 
 
-def test_nan_on_one_ddp_rank_skip_mode_both_ranks_skip(data_dir, tmp_path):
+def test_nan_on_one_ddp_rank_skip_mode_both_ranks_skip(data_opts, tmp_path):
     """nonfinite_loss='skip' under 2-process DDP with a NaN loss on rank 1 only (a batch of NaN images): both
     ranks skip that step (no optimizer step anywhere: every rank's parameters and BatchNorm statistics after it
     equal those before it, and the ranks' parameters stay equal), neither hangs, and training carries on to
     max_steps with finite weights and statistics."""
     driver = tmp_path / "driver.py"
     driver.write_text(NAN_ON_RANK1_DRIVER.format(repo=REPO, out=str(tmp_path), at=1))
-    opts = seg_opts(data_dir, "trainer.max_steps=3", "nonfinite_loss=skip", *ddp_opts(2))
+    opts = seg_opts(data_opts, "trainer.max_steps=3", "nonfinite_loss=skip", *ddp_opts(2))
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(driver), SEG_CFG, "--work-dir", str(tmp_path / "w"), "--cfg-options", *opts],
@@ -377,12 +363,12 @@ train.cli(sys.argv[1:], callbacks=[Boom()])
 """
 
 
-def test_exception_on_one_ddp_rank_ends_all_ranks_and_names_it(data_dir, tmp_path):
+def test_exception_on_one_ddp_rank_ends_all_ranks_and_names_it(data_opts, tmp_path):
     marker = tmp_path / "raised_at"
     driver = tmp_path / "driver.py"
     driver.write_text(DDP_DRIVER.format(repo=REPO, marker=str(marker)))
     opts = seg_opts(
-        data_dir,
+        data_opts,
         "trainer.max_steps=20",
         "trainer.devices=2",
         "trainer.accelerator=cpu",

@@ -17,12 +17,9 @@ import pytest
 import torch
 from PIL import Image
 
-from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
+from tests._tools import DET_CFG, SEG_CFG, load_tool
 
-sys.path.insert(0, REPO)
-
-
-train_tool, test_tool, tiny_data = load_tool("train"), load_tool("test"), load_tool("make_tiny_data")
+train_tool, test_tool, make_tiny_data = load_tool("train"), load_tool("test"), load_tool("make_tiny_data")
 
 
 # --- writers killed mid-write -------------------------------------------------------------------------------
@@ -30,7 +27,6 @@ train_tool, test_tool, tiny_data = load_tool("train"), load_tool("test"), load_t
 # written temp file, or while torch.save is still streaming the checkpoint - and is SIGKILLed there.
 WRITER = r"""
 import os, sys, time
-sys.path.insert(0, {repo!r})
 import torch
 which, path, marker = sys.argv[1:4]
 
@@ -87,7 +83,7 @@ def test_kill_during_write_keeps_previous_file(which, tmp_path):
     _write_v1(which, path)
     before = path.read_bytes()
     script = tmp_path / "writer.py"
-    script.write_text(WRITER.format(repo=REPO))
+    script.write_text(WRITER.format())
     p = subprocess.Popen(
         [sys.executable, str(script), which, str(path), str(marker)], env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
@@ -112,13 +108,13 @@ def test_kill_during_write_keeps_previous_file(which, tmp_path):
 # --- bad data -----------------------------------------------------------------------------------------------
 @pytest.fixture()
 def ade(tmp_path):
-    tiny_data.make_ade20k(tmp_path, num_train=2, num_val=2, seed=0)
+    make_tiny_data.make_ade20k(tmp_path, num_train=2, num_val=2, seed=0)
     return tmp_path / "tiny_ade20k"
 
 
 @pytest.fixture()
 def coco(tmp_path):
-    tiny_data.make_coco(tmp_path, num_train=12, num_val=2, seed=0)
+    make_tiny_data.make_coco(tmp_path, num_train=12, num_val=2, seed=0)
     return tmp_path / "tiny_coco"
 
 
@@ -347,11 +343,11 @@ def test_evil_checkpoint_refused_by_checkpoint_io_and_test_tool(evil, tmp_path):
     assert not marker.exists()
 
 
-def test_evil_checkpoint_refused_by_train_resume(evil, tmp_path):
+def test_evil_checkpoint_refused_by_train_resume(evil, tiny_data, tmp_path):
     from backbones.pretrained import CheckpointError
 
     path, marker = evil
-    ade = tiny_data.make_ade20k(tmp_path, num_train=2, num_val=1, seed=0)
+    ade = tiny_data / "tiny_ade20k"
     with pytest.raises(CheckpointError, match="Refusing to load"):
         train_tool.main(
             [

@@ -5,23 +5,20 @@ Real mmdet datasets, samplers and pipelines on tiny synthetic COCO data with bot
 """
 
 import json
-import sys
 
 import pytest
 
 from tests._tools import REPO, load_tool
 
-sys.path.insert(0, REPO)
-
 PAPER_CFG = f"{REPO}/configs/stvit/mask-rcnn_stvit-s_fpn_1x_coco.py"
 TINY_CLASSES = ("square", "disc", "triangle")
 
-tiny_data = load_tool("make_tiny_data")
+make_tiny_data = load_tool("make_tiny_data")
 
 
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory):
-    root = tiny_data.make_coco(tmp_path_factory.mktemp("data"), num_train=40, num_val=2, seed=0)
+    root = make_tiny_data.make_coco(tmp_path_factory.mktemp("data"), num_train=40, num_val=2, seed=0)
     images = json.loads((root / "annotations" / "instances_train2017.json").read_text())["images"]
     portrait = sum(i["width"] < i["height"] for i in images)
     assert 5 < portrait < len(images) - 5, "the test needs both orientations"

@@ -17,17 +17,15 @@ from PIL import Image
 from tasks import build_task
 from tasks.config import register_scope
 from tasks.tta import enable_tta
-from tests._tools import DET_CFG, REPO, SEG_CFG, load_cfg, load_tool, random_checkpoint, write_image_info
+from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, load_cfg, load_tool, random_checkpoint
 
 SLIDE = ["model.test_cfg.mode=slide", "model.test_cfg.crop_size=(64,64)", "model.test_cfg.stride=(43,43)"]
 RETINANET_CFG = osp.join(REPO, "configs/stvit/retinanet_stvit-s_fpn_1x_coco.py")
-# The paper RetinaNet config with the shrunk STViT of docs/DESIGN.md and small test-time scales.
+# The paper RetinaNet config with the shrunk STViT and small test-time scales.
 RETINANET_TINY = f"""
 _base_ = {RETINANET_CFG!r}
 model = dict(
-    backbone=dict(arch=dict(_delete_=True, embed_dims=[32, 64, 128, 256], depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8],
-                            n_iter=[1, 1, 1, 1], stoken_size=[8, 4, 1, 1], layerscale=[False] * 4, init_values=1e-5),
-                  stoken_size=None, init_cfg=None),
+    backbone=dict(arch='shrunk', stoken_size=None, init_cfg=None),
     neck=dict(in_channels=[64, 128, 256], out_channels=32),
     bbox_head=dict(num_classes=3, in_channels=32, feat_channels=32, stacked_convs=1),
     test_cfg=dict(score_thr=0.005))  # random weights score about 0.01 (the focal-loss prior)
@@ -48,28 +46,8 @@ trainer = dict(accelerator='cpu', devices=1, precision='32-true', sync_batchnorm
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    tiny = load_tool("make_tiny_data")
-    out = tmp_path_factory.mktemp("data")
-    tiny.make_coco(out, num_train=1, num_val=3, seed=0)
-    tiny.make_ade20k(out, num_train=1, num_val=3, seed=0)
-    write_image_info(out / "tiny_coco")
-    return out
-
-
-def data_opts(data_dir, dataset):
-    return [
-        f"test_dataloader.dataset.data_root={data_dir}/{dataset}/",
-        "trainer.enable_progress_bar=False",
-        "trainer.enable_model_summary=False",
-        "trainer.accelerator=cpu",
-        "trainer.devices=1",
-    ]
-
-
-@pytest.fixture(scope="module")
-def seg_ckpt(data_dir, tmp_path_factory):
-    return random_checkpoint(SEG_CFG, data_opts(data_dir, "tiny_ade20k"), tmp_path_factory.mktemp("seg") / "w.pth")
+def seg_ckpt(data_opts, tmp_path_factory):
+    return random_checkpoint(SEG_CFG, data_opts("tiny_ade20k"), tmp_path_factory.mktemp("seg") / "w.pth")
 
 
 class Collect(L.Callback):
@@ -120,8 +98,8 @@ def assert_same_maps(ours, ref, count):
         assert torch.equal(ours[name], ref[name]), name
 
 
-def test_seg_tta_equals_mmseg_seg_tta_model(data_dir, seg_ckpt, tmp_path, capsys):
-    opts = [*data_opts(data_dir, "tiny_ade20k"), "test_dataloader.dataset.indices=1"]  # 12 views: one image
+def test_seg_tta_equals_mmseg_seg_tta_model(data_opts, seg_ckpt, tmp_path, capsys):
+    opts = [*data_opts("tiny_ade20k"), "test_dataloader.dataset.indices=1"]  # 12 views: one image
     ours, metrics = run_tool([SEG_CFG, seg_ckpt, "--tta", "--cfg-options", *opts], tmp_path)
     ref, _ = mm_predictions(SEG_CFG, opts, seg_ckpt, tta=True)
     assert_same_maps(seg_maps(ours), seg_maps(ref), 1)
@@ -138,11 +116,11 @@ def test_seg_tta_equals_mmseg_seg_tta_model(data_dir, seg_ckpt, tmp_path, capsys
     assert any(not torch.equal(a, b) for a, b in zip(seg_maps(ours).values(), seg_maps(plain).values()))
 
 
-def test_slide_inference_equals_mmseg_and_ade_label_pngs(data_dir, seg_ckpt, tmp_path):
-    opts = [*data_opts(data_dir, "tiny_ade20k"), "test_dataloader.dataset.indices=2", *SLIDE]
+def test_slide_inference_equals_mmseg_and_ade_label_pngs(tiny_data, data_opts, seg_ckpt, tmp_path):
+    opts = [*data_opts("tiny_ade20k"), "test_dataloader.dataset.indices=2", *SLIDE]
     out_dir = tmp_path / "pngs"
     # as on ADE20K's test images: images only, no annotation directory (--format-only loads no ground truth)
-    shutil.copytree(data_dir / "tiny_ade20k/images/validation", tmp_path / "ade_test/images/testing")
+    shutil.copytree(tiny_data / "tiny_ade20k/images/validation", tmp_path / "ade_test/images/testing")
     ours, metrics = run_tool(
         [
             SEG_CFG,
@@ -190,10 +168,10 @@ def coco_format_only_reference(config, opts, ckpt, out_prefix):
     return samples
 
 
-def test_coco_format_only_on_image_info_test_set_equals_mmdet(data_dir, tmp_path):
+def test_coco_format_only_on_image_info_test_set_equals_mmdet(tiny_data, data_opts, tmp_path):
     from pycocotools.coco import COCO
 
-    opts = [*data_opts(data_dir, "tiny_coco"), "test_dataloader.dataset.ann_file=annotations/image_info_test.json"]
+    opts = [*data_opts("tiny_coco"), f"test_dataloader.dataset.ann_file={IMAGE_INFO}"]
     ckpt = random_checkpoint(DET_CFG, opts, tmp_path / "w.pth")
     out_dir = tmp_path / "submission"
     _, metrics = run_tool([DET_CFG, ckpt, "--format-only", "--out-dir", str(out_dir), "--cfg-options", *opts], tmp_path)
@@ -202,7 +180,7 @@ def test_coco_format_only_on_image_info_test_set_equals_mmdet(data_dir, tmp_path
 
     samples = coco_format_only_reference(DET_CFG, opts, ckpt, tmp_path / "mmdet" / "results")
     assert sum(len(s.pred_instances) for s in samples) > 0
-    val = COCO(str(data_dir / "tiny_coco/annotations/instances_val2017.json"))
+    val = COCO(str(tiny_data / "tiny_coco/annotations/instances_val2017.json"))
     for iou_type in ("bbox", "segm"):
         ours = json.loads((out_dir / f"results.{iou_type}.json").read_text())
         assert ours == json.loads((tmp_path / "mmdet" / f"results.{iou_type}.json").read_text())
@@ -211,15 +189,15 @@ def test_coco_format_only_on_image_info_test_set_equals_mmdet(data_dir, tmp_path
     assert all(isinstance(r["segmentation"]["counts"], str) for r in ours)
 
 
-def det_tta_setup(data_dir, tmp_path):
+def det_tta_setup(data_opts, tmp_path):
     config = tmp_path / "retinanet_tiny.py"
     config.write_text(RETINANET_TINY)
-    opts = data_opts(data_dir, "tiny_coco")
+    opts = data_opts("tiny_coco")
     return str(config), opts, random_checkpoint(str(config), opts, tmp_path / "w.pth")
 
 
-def test_det_tta_equals_mmdet_det_tta_model(data_dir, tmp_path, capsys):
-    config, opts, ckpt = det_tta_setup(data_dir, tmp_path)
+def test_det_tta_equals_mmdet_det_tta_model(data_opts, tmp_path, capsys):
+    config, opts, ckpt = det_tta_setup(data_opts, tmp_path)
     ours, metrics = run_tool([config, ckpt, "--tta", "--cfg-options", *opts], tmp_path)
     ref, _ = mm_predictions(config, opts, ckpt, tta=True)
     assert [s.img_id for s in ours] == [s.img_id for s in ref] and len(ref) == 3
@@ -237,11 +215,11 @@ def test_det_tta_equals_mmdet_det_tta_model(data_dir, tmp_path, capsys):
         assert any(line.split()[:2] == [name, "-" if ap is None else f"{ap:.4f}"] for line in table.splitlines())
 
 
-def test_tta_refused_where_it_cannot_work(data_dir, tmp_path):
+def test_tta_refused_where_it_cannot_work(data_opts, tmp_path):
     with pytest.raises(ValueError, match="defines no tta_model / tta_pipeline"):
-        load_tool("test").main([DET_CFG, "missing.pth", "--tta", "--cfg-options", *data_opts(data_dir, "tiny_coco")])
+        load_tool("test").main([DET_CFG, "missing.pth", "--tta", "--cfg-options", *data_opts("tiny_coco")])
     # Mask R-CNN: DetTTAModel would stop with an AssertionError deep inside mmdet
-    cfg = load_cfg(DET_CFG, data_opts(data_dir, "tiny_coco"))
+    cfg = load_cfg(DET_CFG, data_opts("tiny_coco"))
     cfg.tta_model = dict(type="DetTTAModel", tta_cfg=dict(nms=dict(type="nms", iou_threshold=0.5), max_per_img=100))
     cfg.tta_pipeline = cfg.test_dataloader.dataset.pipeline
     module, _ = build_task(cfg, init_weights=False)

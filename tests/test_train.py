@@ -4,56 +4,13 @@
 import json
 import os
 import os.path as osp
-import sys
 
 import pytest
 import torch
 
-from tests._tools import DET_CFG, REPO, SEG_CFG, flat_metrics, load_tool
+from tests._tools import DET_CFG, SEG_CFG, TINY_ADE20K, TINY_COCO, flat_metrics, load_tool
 
-sys.path.insert(0, REPO)
-
-
-train_tool, test_tool, tiny_data = load_tool("train"), load_tool("test"), load_tool("make_tiny_data")
-
-
-def data_opts(root, dataset):
-    opts = []
-    for split in ("train", "val", "test"):
-        opts += [f"{split}_dataloader.dataset.data_root={root}/{dataset}/", f"{split}_dataloader.num_workers=0"]
-    return opts + [
-        "train_dataloader.batch_size=2",
-        "trainer.enable_progress_bar=False",
-        "trainer.enable_model_summary=False",
-        "trainer.log_every_n_steps=1",
-    ]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data")
-    tiny_data.make_coco(out, num_train=4, num_val=3, seed=0)
-    tiny_data.make_ade20k(out, num_train=4, num_val=3, seed=0)
-    return str(out)
-
-
-@pytest.fixture(scope="module")
-def det_run(data_dir, tmp_path_factory):
-    """One epoch of two Mask R-CNN steps, validated; returns (work_dir, metrics)."""
-    work_dir = str(tmp_path_factory.mktemp("det"))
-    metrics = train_tool.main(
-        [
-            DET_CFG,
-            "--work-dir",
-            work_dir,
-            "--cfg-options",
-            *data_opts(data_dir, "tiny_coco"),
-            "trainer.max_epochs=1",
-            "trainer.limit_train_batches=2",
-            "trainer.check_val_every_n_epoch=1",
-        ]
-    )
-    return work_dir, metrics
+train_tool, test_tool = load_tool("train"), load_tool("test")
 
 
 def _logged_steps(work_dir: str, key: str) -> list[int]:
@@ -72,8 +29,8 @@ def _ckpt(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def test_train_writes_metrics_checkpoint_and_resumes(det_run, data_dir, tmp_path):
-    work_dir, metrics = det_run
+def test_train_writes_metrics_checkpoint_and_resumes(det_run, copy_run):
+    work_dir, metrics = det_run.work_dir, det_run.metrics
     with open(osp.join(work_dir, "metrics.json")) as f:
         saved = json.load(f)
     assert flat_metrics(saved) == pytest.approx(flat_metrics(metrics), nan_ok=True)
@@ -88,10 +45,8 @@ def test_train_writes_metrics_checkpoint_and_resumes(det_run, data_dir, tmp_path
     assert [p for p in os.listdir(work_dir) if p.endswith(".tmp")] == []  # no temp files left behind
     assert osp.isdir(osp.join(work_dir, "logs")) and osp.isdir(osp.join(work_dir, "tb"))
 
-    # resume a copy: the fixture's run stays the two-step run that other tests read
-    import shutil
-
-    work_dir = shutil.copytree(work_dir, tmp_path / "resumed")
+    # resume a copy: the shared run stays the two-step run that other tests read
+    work_dir = copy_run(det_run).work_dir
     train_tool.main(
         [
             DET_CFG,
@@ -99,10 +54,8 @@ def test_train_writes_metrics_checkpoint_and_resumes(det_run, data_dir, tmp_path
             str(work_dir),
             "--resume",
             "--cfg-options",
-            *data_opts(data_dir, "tiny_coco"),
+            *det_run.opts,
             "trainer.max_epochs=2",
-            "trainer.limit_train_batches=2",
-            "trainer.check_val_every_n_epoch=1",
         ]
     )
     ckpt = _ckpt(osp.join(work_dir, "last.ckpt"))
@@ -110,13 +63,12 @@ def test_train_writes_metrics_checkpoint_and_resumes(det_run, data_dir, tmp_path
     assert [s["_global_step"] for s in ckpt["lr_schedulers"]] == [4, 2]  # scheduler state was restored
 
 
-def test_test_tool_detection_show_dir(det_run, data_dir, tmp_path):
-    work_dir, _ = det_run
+def test_test_tool_detection_show_dir(det_run, tmp_path):
     out, show = str(tmp_path / "m.json"), str(tmp_path / "show")
     metrics = test_tool.main(
         [
             DET_CFG,
-            osp.join(work_dir, "last.ckpt"),
+            det_run.ckpt,
             "--work-dir",
             str(tmp_path),
             "--out",
@@ -126,47 +78,37 @@ def test_test_tool_detection_show_dir(det_run, data_dir, tmp_path):
             "--score-thr",
             "0.0",
             "--cfg-options",
-            *data_opts(data_dir, "tiny_coco"),
+            *det_run.opts,
         ]
     )
     with open(out) as f:
         assert flat_metrics(json.load(f)) == pytest.approx(flat_metrics(metrics), nan_ok=True)
     assert "bbox_mAP" in metrics and "segm_mAP" in metrics
-    assert len([p for p in os.listdir(show) if p.endswith(".png")]) == 3
+    assert len([p for p in os.listdir(show) if p.endswith(".png")]) == TINY_COCO[1]
 
 
-def test_segmentation_train_then_test_with_show_dir(data_dir, tmp_path):
-    opts = [*data_opts(data_dir, "tiny_ade20k"), "trainer.max_steps=2", "trainer.val_check_interval=2"]
-    metrics = train_tool.main([SEG_CFG, "--work-dir", str(tmp_path), "--cfg-options", *opts])
+def test_segmentation_train_then_test_with_show_dir(seg_run, tmp_path):
+    metrics = seg_run.metrics
     assert {"mIoU", "aAcc", "mAcc"} <= set(metrics) and 0 <= metrics["aAcc"] <= 1
-    ckpt = _ckpt(tmp_path / "last.ckpt")
+    ckpt = _ckpt(seg_run.ckpt)
     assert [s["_global_step"] for s in ckpt["lr_schedulers"]] == [2, 2]
     # without --auto-scale-lr the config's lr (AdamW lr=1e-3) is used as written
     assert {g["initial_lr"] for g in ckpt["optimizer_states"][0]["param_groups"]} == {1e-3}
     show = tmp_path / "show"
     test_metrics = test_tool.main(
-        [
-            SEG_CFG,
-            str(tmp_path / "last.ckpt"),
-            "--work-dir",
-            str(tmp_path),
-            "--show-dir",
-            str(show),
-            "--cfg-options",
-            *opts,
-        ]
+        [SEG_CFG, seg_run.ckpt, "--work-dir", str(tmp_path), "--show-dir", str(show), "--cfg-options", *seg_run.opts]
     )
     # val and test are the same split here
     assert flat_metrics(test_metrics) == pytest.approx(flat_metrics(metrics), nan_ok=True)
     saved = json.loads((tmp_path / "test_metrics.json").read_text())
     assert flat_metrics(saved) == pytest.approx(flat_metrics(metrics), nan_ok=True)
-    assert len(list(show.glob("*.png"))) == 3
+    assert len(list(show.glob("*.png"))) == TINY_ADE20K[1]
 
 
-def test_auto_scale_lr_scales_to_the_real_batch_logs_and_checkpoints_it(data_dir, tmp_path, capfd, caplog):
+def test_auto_scale_lr_scales_to_the_real_batch_logs_and_checkpoints_it(data_opts, tmp_path, capfd, caplog):
     # the demo's AdamW lr 1e-3 set for a total batch of 16; here 1 device x 1 node x 2 images
     opts = [
-        *data_opts(data_dir, "tiny_ade20k"),
+        *data_opts("tiny_ade20k"),
         "trainer.max_steps=1",
         "trainer.limit_val_batches=0",
         "checkpoint_callback.monitor=None",
@@ -226,12 +168,12 @@ def test_trainer_section_validated_and_mapped():
     assert kwargs["strategy"]._ddp_kwargs == {"find_unused_parameters": False, "broadcast_buffers": False}
 
 
-def test_paramwise_no_decay_and_preprocessor_device(data_dir):
+def test_paramwise_no_decay_and_preprocessor_device(tiny_data):
     from tasks import build_task
     from tasks.config import load_config
     from tasks.optim import build_optimizer
 
-    cfg = load_config(DET_CFG, {"train_dataloader.dataset.data_root": f"{data_dir}/tiny_coco/"})
+    cfg = load_config(DET_CFG, {"train_dataloader.dataset.data_root": f"{tiny_data}/tiny_coco/"})
     module, datamodule = build_task(cfg, init_weights=False)
     decay = {
         id(p): g["weight_decay"]
@@ -273,7 +215,7 @@ def test_plot_curves_draws_every_loss_lr_and_metric_of_each_run(det_run, tmp_pat
     import shutil
 
     plot_curves = load_tool("plot_curves")
-    work_dir, metrics = det_run
+    work_dir, metrics = str(det_run.work_dir), det_run.metrics
     other = tmp_path / "run_b"  # a second run: the same logs under another work dir
     shutil.copytree(osp.join(work_dir, "logs"), other / "logs")
     fig = plot_curves.plot_curves([work_dir, str(other)], tmp_path / "curves.png")

@@ -24,7 +24,7 @@ from tests._tools import DET_CFG, SEG_CFG, load_tool
 from tests._tools import HATNET_T as HATNET_ARCH
 from tests._tools import STVIT_T as STVIT_ARCH
 
-# shrunk archs of docs/DESIGN.md
+# the backbones' 'shrunk' presets
 # 100 x 140 input: stage maps 25x35, 13x18, 7x9, 4x5, none a multiple of its super-token / window size, so
 # the records include padded super-token cells and partial border windows.
 SIZE = (100, 140)
@@ -269,8 +269,9 @@ def test_tool_draws_stvit_super_tokens_for_each_stage(layout, picture, tmp_path)
         assert png1.shape[1] < png.shape[1] and png1.shape[0] == png.shape[0]
 
 
-def test_tool_draws_hatnet_attention_from_a_lightning_checkpoint(seg_ckpt, picture, tmp_path):
-    out_dir = str(tmp_path / "out")
+def test_tool_draws_hatnet_attention_from_a_lightning_checkpoint(seg_run, picture, tmp_path):
+    """The HAT-Net segmentation demo's checkpoint after two optimizer steps (conftest.py's seg_run)."""
+    out_dir, seg_ckpt = str(tmp_path / "out"), seg_run.ckpt
     centre = viz_tool.main([SEG_CFG, seg_ckpt, picture, "--out-dir", out_dir])[0]
     assert osp.basename(centre) == "shapes_hatnet_attention.png"
     png = _png(centre)
@@ -279,32 +280,6 @@ def test_tool_draws_hatnet_attention_from_a_lightning_checkpoint(seg_ckpt, pictu
         viz_tool.main([SEG_CFG, seg_ckpt, picture, "--out-dir", str(tmp_path / "b"), "--point", "3", "105"])[0]
     )
     assert corner.shape == png.shape and (corner != png).any()  # the query moved: other maps
-
-
-@pytest.fixture(scope="module")
-def seg_ckpt(tmp_path_factory):
-    """A Lightning checkpoint of the HAT-Net segmentation demo after one optimizer step (tools/train.py)."""
-    data = tmp_path_factory.mktemp("data")
-    load_tool("make_tiny_data").make_ade20k(data, num_train=2, num_val=1, seed=0)
-    work_dir = str(tmp_path_factory.mktemp("seg"))
-    opts = [f"{s}_dataloader.dataset.data_root={data}/tiny_ade20k/" for s in ("train", "val", "test")]
-    load_tool("train").main(
-        [
-            SEG_CFG,
-            "--work-dir",
-            work_dir,
-            "--cfg-options",
-            *opts,
-            "train_dataloader.batch_size=2",
-            "trainer.max_steps=1",
-            "trainer.val_check_interval=1",
-            "trainer.limit_val_batches=1",
-            "trainer.enable_progress_bar=False",
-            "trainer.enable_model_summary=False",
-            "trainer.logger=False",
-        ]
-    )
-    return osp.join(work_dir, "last.ckpt")
 
 
 def test_the_input_is_the_test_pipelines_and_maps_go_back_to_original_pixels(picture):
