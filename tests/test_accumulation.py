@@ -4,22 +4,17 @@ counting accumulation in the total batch."""
 
 import copy
 import logging
-import sys
 
 import lightning as L
 import pytest
 import torch
 
-from tests._tools import REPO, SEG_CFG
-from tests.test_reliability import data_dir, seg_opts, train_tool
+from tasks.config import load_config
+from tasks.optim import build_schedulers
+from tasks.trainer import trainer_kwargs
+from tests._tools import SEG_CFG
+from tests.test_reliability import seg_opts, train_tool
 
-sys.path.insert(0, REPO)
-
-from tasks.config import load_config  # noqa: E402
-from tasks.optim import build_schedulers  # noqa: E402
-from tasks.trainer import trainer_kwargs  # noqa: E402
-
-assert data_dir  # the module-scoped fixture of tests/test_reliability.py: 8 training images
 ACCUMULATION, STEPS = 2, 3
 # GroupNorm instead of the heads' BatchNorm (HAT-Net has GroupNorms only) and no dropout: a model without batch
 # statistics or randomness in its forward, whose gradient on one batch is a function of the weights and the batch.
@@ -50,13 +45,13 @@ class Probe(L.Callback):
 
 
 @pytest.fixture(scope="module")
-def run(data_dir, tmp_path_factory):
+def run(data_opts, tmp_path_factory):
     """3 optimizer steps of 2 accumulated batches, a warm-up over the 3 steps, --auto-scale-lr; returns (probe,
     work dir, the --cfg-options, the lines logged by Lightning's logger)."""
     work = tmp_path_factory.mktemp("accumulation")
     probe = Probe()
     opts = seg_opts(
-        data_dir,
+        data_opts,
         f"trainer.max_steps={STEPS}",
         f"optim_wrapper.accumulative_counts={ACCUMULATION}",
         f"param_scheduler.0.end={STEPS}",  # the warm-up spans the run (the decay starts later)

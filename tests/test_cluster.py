@@ -18,19 +18,18 @@ import time
 import pytest
 
 from tests._tools import REPO, SEG_CFG
-from tests.test_reliability import _ckpt, assert_same_training_state, data_dir, ddp_opts, env, free_port, seg_opts
+from tests.test_reliability import _ckpt, assert_same_training_state, ddp_opts, env, free_port, seg_opts
 
-assert data_dir  # the module-scoped fixture of tests/test_reliability.py: 8 training images
 TIMEOUT = 240
 DRIVER = os.path.join(REPO, "tests", "_train_driver.py")
 STEPS, PAUSE = 5, 3  # 1 process: 4 batches an epoch, 2 processes: 2; step 3 is mid-epoch for both
 EXIT_PREEMPTED = 75
 
 
-def train_args(root, work_dir, *extra):
+def train_args(data_opts, work_dir, *extra):
     """The command line every run of this file shares (its work dir aside): the same command resumes."""
     opts = seg_opts(
-        root,
+        data_opts,
         f"trainer.max_steps={STEPS}",
         f"trainer.val_check_interval={STEPS}",
         "trainer.deterministic=True",
@@ -114,14 +113,14 @@ def slurm_env(tmp_path, rank=0, ntasks=1, nodes=1, **extra):
 
 
 @pytest.fixture(scope="module")
-def reference(data_dir, tmp_path_factory):
+def reference(data_opts, tmp_path_factory):
     """Uninterrupted runs: ``{1: one process's last.ckpt, 2: two gloo processes' (Lightning's launcher)}``, the
     latter with each rank's record (tests/_train_driver.py RECORD_DIR)."""
     out = {}
     for devices in (1, 2):
         work = tmp_path_factory.mktemp(f"ref{devices}")
         (work / "record").mkdir()
-        log = finish([start(train_args(data_dir, work, *ddp_opts(devices)), RECORD_DIR=str(work / "record"))])[0]
+        log = finish([start(train_args(data_opts, work, *ddp_opts(devices)), RECORD_DIR=str(work / "record"))])[0]
         assert "--resume auto: no checkpoint" in log and "starting fresh" in log, log[-3000:]
         out[devices] = _ckpt(work / "last.ckpt"), work
     return out
@@ -133,14 +132,14 @@ def records(folder, world):
 
 @pytest.mark.parametrize("devices", [1, 2])
 def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_exactly(
-    devices, data_dir, reference, tmp_path
+    devices, data_opts, reference, tmp_path
 ):
     """SIGUSR1 mid-epoch (to rank 1 only when there are two: the ranks agree at the step boundary); every rank
     stops after step 3 with one checkpoint, rank 0 requeues the job (an array task with one process), the
     processes exit with status 75; the same command again finishes with the uninterrupted run's weights."""
     work, pause = tmp_path / "work", tmp_path / "pause"
     pause.mkdir()
-    args = train_args(data_dir, work, *ddp_opts(devices))
+    args = train_args(data_opts, work, *ddp_opts(devices))
     array = dict(SLURM_ARRAY_JOB_ID="4200", SLURM_ARRAY_TASK_ID="7") if devices == 1 else {}
     envs = [slurm_env(tmp_path, rank=r, ntasks=devices, **array) for r in range(devices)]
     group = env()
@@ -167,14 +166,14 @@ def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_e
     assert (tmp_path / "scontrol.calls").read_text().count("requeue") == 1  # the second run was not requeued
 
 
-def test_sigterm_without_scontrol_still_checkpoints_and_says_resubmit(data_dir, tmp_path):
+def test_sigterm_without_scontrol_still_checkpoints_and_says_resubmit(data_opts, tmp_path):
     """SIGTERM in a SLURM job whose container has no ``scontrol``: the checkpoint is written all the same and the
     log says the job must be resubmitted."""
     work, pause = tmp_path / "work", tmp_path / "pause"
     pause.mkdir()
     no_scontrol = slurm_env(tmp_path)
     no_scontrol["PATH"] = os.path.dirname(sys.executable)  # python, no scontrol
-    proc = start(train_args(data_dir, work), PAUSE_AT_STEP="1", PAUSE_DIR=str(pause), **no_scontrol)
+    proc = start(train_args(data_opts, work), PAUSE_AT_STEP="1", PAUSE_DIR=str(pause), **no_scontrol)
     os.kill(int(wait_for(pause / "paused_rank0", [proc])), signal.SIGTERM)
     wait_for(pause / "signalled_rank0", [proc])
     (pause / "go").touch()
@@ -184,14 +183,14 @@ def test_sigterm_without_scontrol_still_checkpoints_and_says_resubmit(data_dir, 
     assert _ckpt(work / "last.ckpt")["global_step"] == 1
 
 
-def test_torchrun_restarts_a_killed_worker_and_training_continues_exactly(data_dir, reference, tmp_path):
+def test_torchrun_restarts_a_killed_worker_and_training_continues_exactly(data_opts, reference, tmp_path):
     """torchrun --max-restarts=1, 2 gloo workers, --resume auto: worker 1 SIGKILLed after step 4 (last.ckpt is from
     step 3, mid-epoch); torchrun restarts the group, which resumes from step 3 and ends with the uninterrupted
     weights."""
     work, pause = tmp_path / "work", tmp_path / "pause"
     pause.mkdir()
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
-    args = train_args(data_dir, work, *ddp_opts(2), "checkpoint_every_n_steps=3")
+    args = train_args(data_opts, work, *ddp_opts(2), "checkpoint_every_n_steps=3")
     proc = start(args, launcher, PAUSE_AT_STEP="4", PAUSE_DIR=str(pause))
     pid = int(wait_for(pause / "paused_rank1", [proc]))
     wait_for(pause / "paused_rank0", [proc])
@@ -206,14 +205,14 @@ def test_torchrun_restarts_a_killed_worker_and_training_continues_exactly(data_d
     assert_same_training_state(reference[2][0], final)
 
 
-def test_two_nodes_ranks_shards_lr_and_weights_equal_one_node(data_dir, reference, tmp_path):
+def test_two_nodes_ranks_shards_lr_and_weights_equal_one_node(data_opts, reference, tmp_path):
     """Two torchrun launches (--nnodes=2, one gloo process each) into one work dir, trainer.num_nodes=2: global
     ranks 0 and 1 on nodes 0 and 1, each rank the data shard of the 1-node 2-process run, --auto-scale-lr counting
     the nodes, and that run's final weights."""
     work, record = tmp_path / "work", tmp_path / "record"
     record.mkdir()
     port = str(free_port())
-    args = train_args(data_dir, work, *ddp_opts(2), "trainer.devices=1", "trainer.num_nodes=2")
+    args = train_args(data_opts, work, *ddp_opts(2), "trainer.devices=1", "trainer.num_nodes=2")
     procs = [
         start(
             args,
