@@ -13,9 +13,6 @@ from tests._tools import load_tool
 
 make_tiny_data = load_tool("make_tiny_data")
 
-# pycocotools' mask.decode trips a NumPy 2 copy-keyword DeprecationWarning (harmless; not ours).
-pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
-
 COUNTS = dict(coco_train=12, coco_val=6, ade_train=6, ade_val=4)
 
 
