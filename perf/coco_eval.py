@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from perf.child import last_json, run_module
 from perf.memory import peak_rss_gib, rss_gib
 
 NUM_CLASSES = 80
@@ -323,12 +323,7 @@ KEYS = ("update_s", "compute_s", "total_s", "peak_gib", "growth_gib")
 
 def run_in_child(config: dict) -> dict:
     """``run_child(**config)`` in a fresh Python process (``python -m perf.coco_eval``): its result."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "perf.coco_eval", json.dumps(config)], capture_output=True, text=True, env=os.environ
-    )
-    if proc.returncode:
-        raise RuntimeError(f"{config['evaluator']} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(run_module("perf.coco_eval", json.dumps(config)))
 
 
 def run(images: int, dets: int, repeats: int, batch: int, seed: int, log=print) -> dict:

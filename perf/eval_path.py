@@ -31,6 +31,7 @@ import time
 
 import lightning as L
 
+from .child import python_env
 from .memory import peak_rss_gib, rss_gib
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -271,17 +272,10 @@ def make_data(root: str, coco_val: int = 0, ade_val: int = 0, coco_train: int = 
     cmd = [sys.executable, osp.join(REPO, "tools", "make_tiny_data.py"), "--out", root]
     cmd += ["--coco-train", str(coco_train), "--coco-val", str(max(coco_val, 1))]
     cmd += ["--ade-train", str(ade_train), "--ade-val", str(max(ade_val, 1))]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=python_env())  # the tool imports tasks
     with open(stamp, "w") as f:
         json.dump(spec, f)
     return root
-
-
-def _env() -> dict:
-    # the children import this checkout's packages (tasks, backbones, perf), as the tools do
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def run_child(tool: str, impl: str, tool_args: list[str], work: str, label: str, limit_gib: float | None) -> dict:
@@ -292,7 +286,7 @@ def run_child(tool: str, impl: str, tool_args: list[str], work: str, label: str,
     if limit_gib is not None:
         cmd += ["--limit-gib", str(limit_gib)]
     with open(osp.join(work, f"{label}.log"), "w") as log:
-        proc = subprocess.run([*cmd, "--", *tool_args], env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run([*cmd, "--", *tool_args], env=python_env(), stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise RuntimeError(f"{label}: child exited with status {proc.returncode}; see {osp.join(work, label)}.log")
     with open(trace) as f:

@@ -16,13 +16,12 @@ update / compute times.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 
+from .child import last_json, run_module
 from .memory import peak_rss_gib, rss_gib
 
 NUM_CLASSES = 150
@@ -116,15 +115,11 @@ def measure(
     images: int = 2000, rounds: int = 2, batch: int = 4, seed: int = 0, impls: tuple[str, ...] = ("ours", "mm")
 ) -> list[dict]:
     """``impls`` (ours and mmseg's) alternating, each in a fresh child process, for ``rounds`` rounds."""
-    env = dict(os.environ)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     runs = []
     for r in range(rounds):
         for impl in impls:
-            cmd = [sys.executable, "-m", "perf.eval_seg", "--child", impl, str(images), str(batch), str(seed)]
-            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-            runs.append(dict(json.loads(out.strip().splitlines()[-1]), round=r))
+            args = ("--child", impl, str(images), str(batch), str(seed))
+            runs.append(dict(last_json(run_module("perf.eval_seg", *args)), round=r))
     return runs
 
 
