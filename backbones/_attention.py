@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from ._ops import Limits
+    from ._limits import Limits
 
 _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from ._ops import Limits
+    from ._limits import Limits
 
 
 # --- row chunks -------------------------------------------------------------------------------------------

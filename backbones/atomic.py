@@ -9,11 +9,14 @@ next write of the same target removes the temp files of writers (same host) that
 from __future__ import annotations
 
 import glob
+import math
 import os
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import BinaryIO
+
+import torch
 
 _HOST = socket.gethostname().replace(".", "_")
 
@@ -79,6 +82,28 @@ def write_json(path: str | os.PathLike, obj: dict) -> None:
     """Atomic JSON write; non-finite floats become null (JSON has no NaN), at any depth."""
     import json
 
-    from .export import plain_meta  # export imports this module
-
     write_text(path, json.dumps(plain_meta(obj), indent=2, sort_keys=True) + "\n")
+
+
+def plain_meta(obj, for_json: bool = True):
+    """Metadata -> plain Python types, the one sanitiser of every meta we write (exports, mm checkpoints).
+
+    Tensors and numpy values become numbers or lists, dict keys strings in sorted order (reproducible files),
+    anything else its ``str``. ``for_json=True``: JSON types only (tuples -> lists, NaN / inf -> None), so that
+    a .pth meta equals the safetensors one read back from JSON. ``for_json=False``: the types
+    ``torch.load(weights_only=True)`` reads, tuples and non-finite floats kept (mm's ``dataset_meta`` has tuples).
+    """
+    if isinstance(obj, Mapping):
+        return {str(k): plain_meta(obj[k], for_json) for k in sorted(obj, key=str)}
+    if isinstance(obj, (list, tuple)):
+        items = [plain_meta(v, for_json) for v in obj]
+        return tuple(items) if isinstance(obj, tuple) and not for_json else items
+    if isinstance(obj, torch.Tensor):
+        return plain_meta(obj.item() if obj.numel() == 1 else obj.tolist(), for_json)
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy scalars / arrays
+        return plain_meta(obj.tolist(), for_json)
+    if isinstance(obj, float) and not math.isfinite(obj) and for_json:
+        return None
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)

@@ -12,7 +12,6 @@ import copy
 import hashlib
 import io
 import json
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -20,7 +19,7 @@ from collections.abc import Mapping
 import torch
 
 from ._fast_paths import fast_paths
-from .atomic import atomic_write
+from .atomic import atomic_write, plain_meta
 from .pretrained import SAFETENSORS_META_KEY, CheckpointError, read_checkpoint
 
 FORMATS = ("pth", "safetensors", "official", "onnx")
@@ -101,30 +100,6 @@ def official_state_dict(sd: Mapping[str, torch.Tensor], family: str) -> dict[str
             out[b + "unfold.weights"] = eye.clone()
             out[b + "fold.weights"] = eye.clone()
     return canonical_state_dict(out)
-
-
-def plain_meta(obj, for_json: bool = True):
-    """Metadata -> plain Python types, the one sanitiser of every meta we write (exports, mm checkpoints).
-
-    Tensors and numpy values become numbers or lists, dict keys strings in sorted order (reproducible files),
-    anything else its ``str``. ``for_json=True``: JSON types only (tuples -> lists, NaN / inf -> None), so that
-    a .pth meta equals the safetensors one read back from JSON. ``for_json=False``: the types
-    ``torch.load(weights_only=True)`` reads, tuples and non-finite floats kept (mm's ``dataset_meta`` has tuples).
-    """
-    if isinstance(obj, Mapping):
-        return {str(k): plain_meta(obj[k], for_json) for k in sorted(obj, key=str)}
-    if isinstance(obj, (list, tuple)):
-        items = [plain_meta(v, for_json) for v in obj]
-        return tuple(items) if isinstance(obj, tuple) and not for_json else items
-    if isinstance(obj, torch.Tensor):
-        return plain_meta(obj.item() if obj.numel() == 1 else obj.tolist(), for_json)
-    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy scalars / arrays
-        return plain_meta(obj.tolist(), for_json)
-    if isinstance(obj, float) and not math.isfinite(obj) and for_json:
-        return None
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    return str(obj)
 
 
 # --- atomic, reproducible writes -------------------------------------------------------------------------
