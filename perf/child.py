@@ -12,17 +12,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]  # the checkout holding perf/, backbones/ and tasks/
 
 
-def python_env() -> dict:
+def python_env(extra: dict | None = None) -> dict:
     """This process's environment with the checkout first on PYTHONPATH (an uninstalled checkout, as on the GPU
-    machine, imports the packages from there; what PYTHONPATH held stays after it)."""
+    machine, imports the packages from there; what PYTHONPATH held stays after it), and ``extra`` on top."""
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **(extra or {})}
 
 
-def run_module(module: str, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
-    """``python -m module args`` in a child process (stdout and stderr captured, exit status not checked)."""
+def run_module(
+    module: str, *args: str, timeout: float | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m module args`` in a child process (stdout and stderr captured, exit status not checked), with
+    the variables of ``env`` added to its environment."""
     cmd = [sys.executable, "-m", module, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=python_env(), timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, env=python_env(env), timeout=timeout)
 
 
 def last_json(done: subprocess.CompletedProcess) -> dict:

@@ -321,34 +321,57 @@ def max_difference(ours: dict, ref: dict) -> tuple[float, str]:
 KEYS = ("update_s", "compute_s", "total_s", "peak_gib", "growth_gib")
 
 
-def run_in_child(config: dict) -> dict:
-    """``run_child(**config)`` in a fresh Python process (``python -m perf.coco_eval``): its result."""
-    return last_json(run_module("perf.coco_eval", json.dumps(config)))
+def run_in_child(config: dict, mmap_threshold: int | None = None) -> dict:
+    """``run_child(**config)`` in a fresh Python process (``python -m perf.coco_eval``): its result. With
+    ``mmap_threshold`` (bytes), the child runs with glibc's ``MALLOC_MMAP_THRESHOLD_`` set to it (see ``run``)."""
+    env = None if mmap_threshold is None else {"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold)}
+    return last_json(run_module("perf.coco_eval", json.dumps(config), env=env))
 
 
-def run(images: int, dets: int, repeats: int, batch: int, seed: int, log=print) -> dict:
-    """``repeats`` rounds of both children, alternating (ours, mmdet, then mmdet, ours, ...), printing a row per
-    child through ``log``. Returns ``runs`` (per evaluator: the children's results), ``ratios`` (per key of
-    ``KEYS``: ours / mmdet per round) and ``max_diff`` / ``max_diff_at`` (``max_difference`` of round 0)."""
-    runs: dict[str, list] = {name: [] for name in EVALUATORS}
+def run(
+    images: int,
+    dets: int,
+    repeats: int,
+    batch: int,
+    seed: int,
+    log=print,
+    evaluators: tuple[str, ...] = EVALUATORS,
+    mmap_threshold: int | None = None,
+) -> dict:
+    """``repeats`` rounds of the ``evaluators``' children, alternating (ours, mmdet, then mmdet, ours, ...),
+    printing a row per child through ``log``. Returns ``runs`` (per evaluator: the children's results) and, when
+    both ran, ``ratios`` (per key of ``KEYS``: ours / mmdet per round) and ``max_diff`` / ``max_diff_at``
+    (``max_difference`` of round 0).
+
+    ``mmap_threshold`` runs every child with glibc's fixed mmap threshold (``MALLOC_MMAP_THRESHOLD_``): large
+    blocks are then always mapped apart from the heap, which keeps an evaluator that holds many small
+    per-mask objects (mmdet's ``CocoMetric``) from fragmenting the heap between the freed mask stacks (see
+    ``tasks/metrics.py``). Ours needs no such setting; it is there to run the baseline at full size."""
+    unknown = set(evaluators) - set(EVALUATORS)
+    if unknown or not evaluators:
+        raise ValueError(f"evaluators must be a non-empty subset of {EVALUATORS}, got {evaluators}")
+    runs: dict[str, list] = {name: [] for name in evaluators}
     with tempfile.TemporaryDirectory() as tmp:
         ann_file = os.path.join(tmp, "instances.json")
         with open(ann_file, "w") as f:
             json.dump(coco_json(seed, images), f)
         config = dict(ann_file=ann_file, images=images, dets=dets, batch=batch, seed=seed)
-        log(f"{images} images, {dets} mask predictions each, {repeats} round(s)")
+        setting = "" if mmap_threshold is None else f", MALLOC_MMAP_THRESHOLD_={mmap_threshold}"
+        log(f"{images} images, {dets} mask predictions each, {repeats} round(s){setting}")
         log(
             f"{'round':>5}  {'evaluator':<9} {'update s':>9} {'compute s':>9} {'total s':>9} {'peak GiB':>8} "
             f"{'growth GiB':>10}"
         )
         for r in range(repeats):
-            for name in EVALUATORS if r % 2 == 0 else EVALUATORS[::-1]:
-                res = run_in_child(dict(config, evaluator=name))
+            for name in evaluators if r % 2 == 0 else evaluators[::-1]:
+                res = run_in_child(dict(config, evaluator=name), mmap_threshold)
                 runs[name].append(res)
                 log(
                     f"{r:>5}  {name:<9} {res['update_s']:>9.2f} {res['compute_s']:>9.2f} {res['total_s']:>9.2f} "
                     f"{res['peak_gib']:>8.2f} {res['growth_gib']:>10.3f}"
                 )
+    if len(runs) < 2:
+        return dict(runs=runs)
     ratios = {k: [o[k] / m[k] for o, m in zip(runs["ours"], runs["mmdet"], strict=True)] for k in KEYS}
     diff, where = max_difference(runs["ours"][0]["metrics"], runs["mmdet"][0]["metrics"])
     for k, values in ratios.items():
