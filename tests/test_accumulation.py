@@ -12,8 +12,10 @@ import torch
 from tasks.config import load_config
 from tasks.optim import build_schedulers
 from tasks.trainer import trainer_kwargs
-from tests._tools import SEG_CFG
-from tests.test_reliability import seg_opts, train_tool
+from tests._runs import seg_opts
+from tests._tools import SEG_CFG, load_tool
+
+train_tool = load_tool("train")
 
 ACCUMULATION, STEPS = 2, 3
 # GroupNorm instead of the heads' BatchNorm (HAT-Net has GroupNorms only) and no dropout: a model without batch

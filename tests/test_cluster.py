@@ -14,13 +14,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
+from tests._runs import TIMEOUT, assert_same_training_state, ddp_opts, env, free_port, load_ckpt, seg_opts
 from tests._tools import REPO, SEG_CFG
-from tests.test_reliability import _ckpt, assert_same_training_state, ddp_opts, env, free_port, seg_opts
 
-TIMEOUT = 240
 DRIVER = os.path.join(REPO, "tests", "_train_driver.py")
 STEPS, PAUSE = 5, 3  # 1 process: 4 batches an epoch, 2 processes: 2; step 3 is mid-epoch for both
 EXIT_PREEMPTED = 75
@@ -43,8 +43,9 @@ def train_args(data_opts, work_dir, *extra):
 
 
 def start(args, launcher=(), group_env=None, **env_extra):
-    """tests/_train_driver.py with ``args``; the processes of one job share ``group_env`` (its MASTER_PORT). The
-    output goes to a file (a pipe nobody reads while the test waits could fill up and block the process)."""
+    """tests/_train_driver.py with ``args``, in a process group of its own (a scheduler kills the job's group); the
+    processes of one job share ``group_env`` (its MASTER_PORT). The output goes to a file (a pipe nobody reads
+    while the test waits could fill up and block the process)."""
     out = tempfile.NamedTemporaryFile("w+", suffix=".log")
     proc = subprocess.Popen(
         [sys.executable, *launcher, DRIVER, *args],
@@ -53,6 +54,7 @@ def start(args, launcher=(), group_env=None, **env_extra):
         stdout=out,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,
     )
     proc.log = out
     return proc
@@ -112,18 +114,23 @@ def slurm_env(tmp_path, rank=0, ntasks=1, nodes=1, **extra):
     )
 
 
-@pytest.fixture(scope="module")
-def reference(data_opts, tmp_path_factory):
+@pytest.fixture(scope="session")
+def reference(data_opts, run_once):
     """Uninterrupted runs: ``{1: one process's last.ckpt, 2: two gloo processes' (Lightning's launcher)}``, the
-    latter with each rank's record (tests/_train_driver.py RECORD_DIR)."""
-    out = {}
-    for devices in (1, 2):
-        work = tmp_path_factory.mktemp(f"ref{devices}")
-        (work / "record").mkdir()
-        log = finish([start(train_args(data_opts, work, *ddp_opts(devices)), RECORD_DIR=str(work / "record"))])[0]
-        assert "--resume auto: no checkpoint" in log and "starting fresh" in log, log[-3000:]
-        out[devices] = _ckpt(work / "last.ckpt"), work
-    return out
+    latter with each rank's record (tests/_train_driver.py RECORD_DIR). Trained once per session."""
+
+    def make(folder):
+        for devices in (1, 2):
+            work = folder / f"ref{devices}"
+            (work / "record").mkdir(parents=True)
+            log = finish([start(train_args(data_opts, work, *ddp_opts(devices)), RECORD_DIR=str(work / "record"))])[0]
+            assert "--resume auto: no checkpoint" in log and "starting fresh" in log, log[-3000:]
+        return str(folder)
+
+    folder = Path(run_once("cluster_reference", make))
+    return {
+        devices: (load_ckpt(folder / f"ref{devices}" / "last.ckpt"), folder / f"ref{devices}") for devices in (1, 2)
+    }
 
 
 def records(folder, world):
@@ -152,7 +159,7 @@ def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_e
     logs = finish(procs, expect=EXIT_PREEMPTED)
     assert "--resume auto: no checkpoint" in logs[0] and "starting fresh" in logs[0]
     assert f"stopped at step {PAUSE}" in logs[0], logs[0][-4000:]
-    ckpt = _ckpt(work / "last.ckpt")
+    ckpt = load_ckpt(work / "last.ckpt")
     assert ckpt["global_step"] == PAUSE  # the next step boundary after the signal, mid-epoch
     assert (tmp_path / "scontrol.calls").read_text() == ("requeue 4200_7\n" if devices == 1 else "requeue 4242\n")
     assert [p for p in os.listdir(work) if p.endswith(".tmp") or p.startswith("hpc_ckpt")] == []
@@ -160,10 +167,37 @@ def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_e
     group = env()
     logs = finish([start(args, (), group, PAUSE_AT_STEP=str(PAUSE), PAUSE_DIR=str(pause), **e) for e in envs])
     assert f"--resume auto: resuming from {work / 'last.ckpt'}" in logs[0], logs[0][-4000:]
-    final = _ckpt(work / "last.ckpt")
+    final = load_ckpt(work / "last.ckpt")
     assert final["global_step"] == STEPS
     assert_same_training_state(reference[devices][0], final)
     assert (tmp_path / "scontrol.calls").read_text().count("requeue") == 1  # the second run was not requeued
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(devices, data_opts, reference, tmp_path):
+    """The whole job SIGKILLed (its process group, as a scheduler kills it; under Lightning's launcher rank 1 is
+    rank 0's child) after step 4, with last.ckpt from step 3, mid-epoch; the same command again resumes from it
+    (``--resume auto``) and ends with the uninterrupted run's weights, optimizer state and lr schedule."""
+    work, pause = tmp_path / "work", tmp_path / "pause"
+    pause.mkdir()
+    args = train_args(data_opts, work, *ddp_opts(devices), "checkpoint_every_n_steps=3")
+    proc = start(args, PAUSE_AT_STEP="4", PAUSE_DIR=str(pause))
+    for rank in range(devices):
+        wait_for(pause / f"paused_rank{rank}", [proc])
+    assert load_ckpt(work / "last.ckpt")["global_step"] == 3
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    (pause / "go").touch()
+
+    (log,) = finish([start(args)])
+    assert f"--resume auto: resuming from {work / 'last.ckpt'}" in log, log[-4000:]
+    final = load_ckpt(work / "last.ckpt")
+    assert final["global_step"] == STEPS
+    assert_same_training_state(reference[devices][0], final)
+    assert [p for p in os.listdir(work) if p.endswith(".tmp")] == []
+    # mmseg's config has no batch_sampler: the plain BatchSampler's position was restored
+    assert final["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batch_sampler"] == "BatchSampler"
 
 
 def test_sigterm_without_scontrol_still_checkpoints_and_says_resubmit(data_opts, tmp_path):
@@ -180,7 +214,7 @@ def test_sigterm_without_scontrol_still_checkpoints_and_says_resubmit(data_opts,
     (log,) = finish([proc], expect=EXIT_PREEMPTED)
     assert "SIGTERM received; stopped at step 1" in log, log[-4000:]
     assert "`scontrol` not found, SLURM job 4242 was not requeued: resubmit it" in log, log[-4000:]
-    assert _ckpt(work / "last.ckpt")["global_step"] == 1
+    assert load_ckpt(work / "last.ckpt")["global_step"] == 1
 
 
 def test_torchrun_restarts_a_killed_worker_and_training_continues_exactly(data_opts, reference, tmp_path):
@@ -194,13 +228,13 @@ def test_torchrun_restarts_a_killed_worker_and_training_continues_exactly(data_o
     proc = start(args, launcher, PAUSE_AT_STEP="4", PAUSE_DIR=str(pause))
     pid = int(wait_for(pause / "paused_rank1", [proc]))
     wait_for(pause / "paused_rank0", [proc])
-    assert _ckpt(work / "last.ckpt")["global_step"] == 3
+    assert load_ckpt(work / "last.ckpt")["global_step"] == 3
     os.kill(pid, signal.SIGKILL)
     (pause / "go").touch()
     (log,) = finish([proc], timeout=2 * TIMEOUT)  # two starts of the group
     assert log.count("--resume auto: no checkpoint") == 1, log[-6000:]
     assert f"--resume auto: resuming from {work / 'last.ckpt'}" in log, log[-6000:]
-    final = _ckpt(work / "last.ckpt")
+    final = load_ckpt(work / "last.ckpt")
     assert final["global_step"] == STEPS
     assert_same_training_state(reference[2][0], final)
 
@@ -242,18 +276,19 @@ def test_two_nodes_ranks_shards_lr_and_weights_equal_one_node(data_opts, referen
     for epoch in range(2):
         shards = [{f for b in r["batches"][2 * epoch : 2 * epoch + 2] for f in b} for r in ranks]
         assert len(shards[0]) == len(shards[1]) == 4 and not shards[0] & shards[1]
-    final = _ckpt(work / "last.ckpt")
+    final = load_ckpt(work / "last.ckpt")
     assert final["global_step"] == STEPS
     assert_same_training_state(reference[2][0], final)
 
 
-def test_resume_values_and_requeue_signal_names(tmp_path, monkeypatch, capfd, caplog):
+def test_resume_values_and_requeue_signal_names(tmp_path, monkeypatch, caplog):
     from tasks.restart import resume_checkpoint, signal_number, slurm_job_id
 
     with caplog.at_level("INFO"):
         assert resume_checkpoint("auto", str(tmp_path)) is None
-    out = capfd.readouterr()  # Lightning's console handler, or the log capture where pytest's root logger has one
-    assert (out.out + out.err + caplog.text).count(f"--resume auto: no checkpoint {tmp_path}/last.ckpt yet") == 1
+    # one record (what handlers print it depends on how Lightning's logging was set up in this process)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(f"--resume auto: no checkpoint {tmp_path}/last.ckpt yet" in m for m in said) == 1, said
     assert resume_checkpoint(None, str(tmp_path)) is None
     with pytest.raises(FileNotFoundError, match=r"last\.ckpt does not exist \(--resume auto starts fresh"):
         resume_checkpoint("last", str(tmp_path))

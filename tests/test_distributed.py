@@ -3,16 +3,14 @@
 import json
 import os
 import os.path as osp
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests._runs import TIMEOUT, env, free_port
 from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, flat_metrics, load_tool, random_checkpoint
-
-TIMEOUT = 240
 
 # Runs tools/train.py's main with a callback that hashes each rank's parameters and buffers once
 # training ended (after the last validation). Lightning's DDP launcher re-runs this file per rank.
@@ -34,17 +32,6 @@ class WeightHash(L.Callback):
 
 train.main(sys.argv[1:], callbacks=[WeightHash()])
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env(**extra):
-    # one thread per process: the test machines have few cores and two ranks share them
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **extra}
 
 
 def run(cmd, timeout=TIMEOUT, **kwargs):
@@ -149,14 +136,33 @@ def test_two_nodes_torchrun_localhost(data_opts, tmp_path):
     assert osp.isfile(tmp_path / "node0" / "last.ckpt")
 
 
+SEG_TTA_CFG = """_base_ = [{base!r}]
+tta_pipeline = [
+    dict(type="LoadImageFromFile"),
+    dict(
+        type="TestTimeAug",
+        transforms=[
+            [dict(type="Resize", scale_factor=r, keep_ratio=True) for r in (0.75, 1.25)],
+            [dict(type="RandomFlip", prob=p, direction="horizontal") for p in (0.0, 1.0)],
+            [dict(type="LoadAnnotations", reduce_zero_label=True)],
+            [dict(type="PackSegInputs")],
+        ],
+    ),
+]
+"""
+
+
 def test_test_tool_tta_slide_and_submission_files_each_image_once(data_opts, tmp_path):
     """tools/test.py under 2 processes (3 images: 2 + 1) gives one process's metrics and files: segmentation
     with --tta and sliding-window inference, and --format-only on an image-info-only COCO set."""
     test = load_tool("test")
-    # windows of 192 px: one for most of the 12 TTA views of these 128-192 px images, several for the largest
+    # The demo's TTA with 2 of its 6 scales (4 views, not 12: the same code path, a third of the inference), and
+    # windows of 192 px: one for most views of these 128-192 px images, several for the largest.
+    seg_cfg = tmp_path / "seg_tta.py"
+    seg_cfg.write_text(SEG_TTA_CFG.format(base=SEG_CFG))
     runs = {
         "seg": (
-            SEG_CFG,
+            str(seg_cfg),
             [
                 *data_opts("tiny_ade20k"),
                 "model.test_cfg.mode=slide",

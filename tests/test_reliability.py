@@ -7,7 +7,6 @@ mmdet / mmseg / Lightning / torch is mocked. Tiny shrunk models and images on CP
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,66 +15,13 @@ import lightning as L
 import pytest
 import torch
 
+from tests._runs import TIMEOUT, assert_same_training_state, ddp_opts, env, load_ckpt, seg_opts
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
-
-TIMEOUT = 240
-
 
 train_tool, make_tiny_data = load_tool("train"), load_tool("make_tiny_data")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-
-
-def seg_opts(data_opts, *extra):
-    # 64 px crops of 128 px images, batch 2: a step takes a fraction of a second on one core
-    return data_opts(
-        "tiny_ade20k",
-        "crop_size=(64,64)",
-        "model.data_preprocessor.size=(64,64)",
-        "train_dataloader.dataset.pipeline.2.scale=(128,64)",
-        "train_dataloader.dataset.pipeline.3.crop_size=(64,64)",
-        "trainer.limit_val_batches=0",
-        "checkpoint_callback.monitor=None",
-        *extra,
-    )
-
-
-def _ckpt(path):
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-# --- SIGKILL mid-epoch, then --resume -----------------------------------------------------------------------
-def ddp_opts(devices):
-    """Options for a ``devices``-process run on CPU: gloo DDP when 2, with a process-group timeout so that a
-    rank waiting for a dead peer gives up instead of hanging."""
-    if devices == 1:
-        return []
-    return [
-        f"trainer.devices={devices}",
-        "trainer.accelerator=cpu",
-        "trainer.strategy.type=ddp",
-        "trainer.strategy.timeout=60",
-    ]
-
-
-def assert_same_training_state(a, b):
-    """Two checkpoints hold bit-identical weights, buffers, optimizer states and lr schedules."""
-    assert a["state_dict"].keys() == b["state_dict"].keys()
-    for k in a["state_dict"]:
-        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
-    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
-        assert all(torch.equal(sa[n], sb[n]) for n in sa)
-    assert a["lr_schedulers"] == b["lr_schedulers"]
-
-
+# --- SIGKILL mid-epoch, then --resume (the segmentation demo's runs, 1 and 2 processes: tests/test_cluster.py) -----
 def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
     """Runs ``cmd`` (``steps`` optimizer steps, ``per_epoch`` batches an epoch, last.ckpt every 3 steps) once
     uninterrupted and once SIGKILLed mid-epoch then resumed; returns the final checkpoint."""
@@ -107,14 +53,14 @@ def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
             os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     assert p.returncode == -signal.SIGKILL
-    killed_at = _ckpt(run / "last.ckpt")["global_step"]
+    killed_at = load_ckpt(run / "last.ckpt")["global_step"]
     assert 0 < killed_at < steps and killed_at % per_epoch != 0, killed_at  # mid-epoch
 
     proc = subprocess.run(
         [*cmd, "--work-dir", str(run), "--resume"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=TIMEOUT
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    a, b = _ckpt(ref / "last.ckpt"), _ckpt(run / "last.ckpt")
+    a, b = load_ckpt(ref / "last.ckpt"), load_ckpt(run / "last.ckpt")
     assert a["global_step"] == b["global_step"] == steps
     assert_same_training_state(a, b)
     assert [p for p in os.listdir(run) if p.endswith(".tmp")] == []
@@ -127,21 +73,6 @@ def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
 
 def _train_loader_state(ckpt):
     return ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
-
-
-def test_sigkill_mid_epoch_then_resume_is_bit_identical(data_opts, tmp_path):
-    # 4 batches per epoch, 9 steps (2 epochs + 1 batch), last.ckpt every 3 steps: the kill lands mid-epoch.
-    opts = seg_opts(
-        data_opts,
-        "trainer.max_steps=9",
-        "trainer.val_check_interval=9",
-        "trainer.deterministic=True",
-        "checkpoint_every_n_steps=3",
-    )
-    ckpt = _kill_and_resume_is_bit_identical(
-        [sys.executable, "tools/train.py", SEG_CFG, "--cfg-options", *opts], tmp_path, steps=9, per_epoch=4
-    )
-    assert _train_loader_state(ckpt)["batch_sampler"] == "BatchSampler"  # mmseg's config has no batch_sampler
 
 
 def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
@@ -168,22 +99,6 @@ def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
         [sys.executable, "tools/train.py", DET_CFG, "--cfg-options", *opts], tmp_path, steps=6, per_epoch=4
     )
     assert _train_loader_state(ckpt)["batch_sampler"] == "AspectRatioBatchSampler"
-
-
-def test_sigkill_mid_epoch_then_resume_two_ddp_processes(data_opts, tmp_path):
-    # 2 processes (gloo DDP): 8 images, batch 2, 2 batches per rank and epoch; 5 steps, last.ckpt every 3 steps,
-    # so the kill lands mid-epoch and the resumed run crosses an epoch boundary.
-    opts = seg_opts(
-        data_opts,
-        "trainer.max_steps=5",
-        "trainer.val_check_interval=5",
-        "trainer.deterministic=True",
-        "checkpoint_every_n_steps=3",
-        *ddp_opts(2),
-    )
-    _kill_and_resume_is_bit_identical(
-        [sys.executable, "tools/train.py", SEG_CFG, "--cfg-options", *opts], tmp_path, steps=5, per_epoch=2
-    )
 
 
 # --- non-finite loss ----------------------------------------------------------------------------------------
@@ -229,7 +144,7 @@ def test_nan_loss_stops_naming_step_and_term_and_keeps_last_checkpoint(data_opts
         )
     stopped_in = time.monotonic() - nan.injected_at
     assert "aux.loss_ce=nan" not in str(info.value)
-    ckpt = _ckpt(tmp_path / "last.ckpt")
+    ckpt = load_ckpt(tmp_path / "last.ckpt")
     assert ckpt["global_step"] == 3  # the last good state, not overwritten by the failed step
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
     assert stopped_in < 5
@@ -247,7 +162,7 @@ def test_nan_loss_skip_mode_skips_and_counts(data_opts, tmp_path):
         ],
         callbacks=[NaNAtBatch(1)],
     )
-    ckpt = _ckpt(tmp_path / "last.ckpt")
+    ckpt = load_ckpt(tmp_path / "last.ckpt")
     assert ckpt["skipped_nonfinite"] == 1 and ckpt["global_step"] == 4
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
     import csv
@@ -339,7 +254,7 @@ def test_nan_on_one_ddp_rank_skip_mode_both_ranks_skip(data_opts, tmp_path):
     assert ranks[0]["before"][0] == ranks[1]["before"][0] and ranks[0]["final"][0] == ranks[1]["final"][0]
     assert ranks[0]["final"][0] != ranks[0]["after"][0]  # the step after the skipped one did train
     assert "non-finite on another rank" in out and "decode.loss_ce=nan" in out, out[-4000:]
-    ckpt = _ckpt(tmp_path / "w" / "last.ckpt")
+    ckpt = load_ckpt(tmp_path / "w" / "last.ckpt")
     assert ckpt["global_step"] == 3 and ckpt["skipped_nonfinite"] == 1
     print(f"NaN on rank 1 only: both ranks skipped, run took {took:.1f} s")
 

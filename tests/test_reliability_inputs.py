@@ -49,7 +49,7 @@ if which == 'ckpt':
     from tasks.checkpoint_io import AtomicCheckpointIO
     AtomicCheckpointIO().save_checkpoint({{'w': torch.full((100000,), 2.0)}}, path)
 elif which == 'metrics':
-    from tasks.checkpoint_io import write_json
+    from backbones.atomic import write_json  # what tasks.checkpoint_io re-exports, without Lightning's import
     write_json(path, {{'mIoU': 0.2}})
 elif which == 'export':
     from backbones.export import save_torch
@@ -63,8 +63,10 @@ def _write_v1(which, path):
 
         AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, path)
     elif which == "metrics":
+        from backbones import atomic
         from tasks.checkpoint_io import write_json
 
+        assert write_json is atomic.write_json  # the killed writer imports it from backbones.atomic
         write_json(path, {"mIoU": 0.1})
     else:
         from backbones.export import save_torch
