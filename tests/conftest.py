@@ -1,12 +1,14 @@
 """Fixtures shared by the test modules: the golden vectors, the tiny datasets with the options that point the
 demo configs at them, and the short training runs of the demo configs that several modules read."""
 
+import json
 import os
 import shutil
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from filelock import FileLock
 
 from tests._tools import DET_CFG, IMAGE_INFO, SEG_CFG, TINY_ADE20K, TINY_COCO, load_tool, write_image_info
 
@@ -14,8 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # The golden vectors and the released variants' key manifest, committed with the tests (tests/data/README.md).
 GOLDEN_DATA = ROOT / "tests" / "data"
 
-# Deterministic, single-threaded-per-test defaults: the CI machine has 2 cores.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Threads per test process: the cores shared among pytest-xdist's workers (the README runs 2), at most 2 each;
+# more threads than cores make every OpenMP barrier wait for a descheduled thread.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, (os.cpu_count() or 1) // _WORKERS))))
 
 
 @pytest.fixture(scope="session")
@@ -28,17 +32,43 @@ def reference_dir():
     return GOLDEN_DATA
 
 
+def once(tmp_path_factory, name: str, make):
+    """``make(folder)`` once per test session, its JSON-able result returned to every caller: with pytest-xdist,
+    the first worker to ask runs it under a file lock in the directory the workers share, the others wait for it
+    and read its result (xdist's own recipe for session fixtures; a run is not trained once per worker)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # pytest-N/, holding each worker's basetemp
+    folder, done = root / name, root / f"{name}.json"
+    with FileLock(f"{folder}.lock"):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # what an earlier, failed attempt left
+            folder.mkdir()
+            result = make(folder)
+            done.write_text(json.dumps(result))
+        return json.loads(done.read_text())
+
+
+@pytest.fixture(scope="session")
+def run_once(tmp_path_factory):
+    """``run_once(name, make)``: ``once`` for a test module's own session-wide runs."""
+    return lambda name, make: once(tmp_path_factory, name, make)
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """The directory holding ``tiny_coco/`` (TINY_COCO images, plus the image-info file IMAGE_INFO) and
     ``tiny_ade20k/`` (TINY_ADE20K images), written once per session. Read-only for tests: copy before
     changing anything."""
-    tiny = load_tool("make_tiny_data")
-    out = tmp_path_factory.mktemp("tiny_data")
-    tiny.make_coco(out, num_train=TINY_COCO[0], num_val=TINY_COCO[1], seed=0)
-    tiny.make_ade20k(out, num_train=TINY_ADE20K[0], num_val=TINY_ADE20K[1], seed=0)
-    assert write_image_info(out / "tiny_coco", name=Path(IMAGE_INFO).name) == IMAGE_INFO
-    return out
+
+    def make(out):
+        tiny = load_tool("make_tiny_data")
+        tiny.make_coco(out, num_train=TINY_COCO[0], num_val=TINY_COCO[1], seed=0)
+        tiny.make_ade20k(out, num_train=TINY_ADE20K[0], num_val=TINY_ADE20K[1], seed=0)
+        assert write_image_info(out / "tiny_coco", name=Path(IMAGE_INFO).name) == IMAGE_INFO
+        return str(out)
+
+    return Path(once(tmp_path_factory, "tiny_data", make))
 
 
 @pytest.fixture(scope="session")
@@ -75,10 +105,16 @@ class Run(NamedTuple):
     opts: list
 
 
-def _train(config, work_dir, opts) -> Run:
-    metrics = load_tool("train").main([config, "--work-dir", str(work_dir), "--cfg-options", *opts])
-    # tools/train.py writes the resolved config (with the overrides) into the work dir
-    return Run(work_dir, str(work_dir / "last.ckpt"), str(work_dir / Path(config).name), metrics, opts)
+def _train(tmp_path_factory, name, config, opts) -> Run:
+    """tools/train.py on ``config`` with ``opts``, once per session (``once``)."""
+
+    def make(work_dir):
+        metrics = load_tool("train").main([config, "--work-dir", str(work_dir), "--cfg-options", *opts])
+        # tools/train.py writes the resolved config (with the overrides) into the work dir
+        return [str(work_dir), str(work_dir / "last.ckpt"), str(work_dir / Path(config).name), metrics, opts]
+
+    work_dir, *rest = once(tmp_path_factory, name, make)
+    return Run(Path(work_dir), *rest)
 
 
 # The detection demo at 96 px: small enough for a CPU step in about a second, large enough for every FPN level.
@@ -101,7 +137,7 @@ def det_run(data_opts, tmp_path_factory) -> Run:
         "trainer.limit_train_batches=2",
         "trainer.check_val_every_n_epoch=1",
     )
-    return _train(DET_CFG, tmp_path_factory.mktemp("det_run"), opts)
+    return _train(tmp_path_factory, "det_run", DET_CFG, opts)
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +145,7 @@ def seg_run(data_opts, tmp_path_factory) -> Run:
     """The segmentation demo (UPerNet + shrunk HAT-Net): 2 iterations, validated at the end. Shared like
     ``det_run``."""
     opts = data_opts("tiny_ade20k", "trainer.max_steps=2", "trainer.val_check_interval=2")
-    return _train(SEG_CFG, tmp_path_factory.mktemp("seg_run"), opts)
+    return _train(tmp_path_factory, "seg_run", SEG_CFG, opts)
 
 
 @pytest.fixture

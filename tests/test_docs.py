@@ -56,6 +56,6 @@ def test_readme_is_a_front_page():
     lines = (REPO / "README.md").read_text().splitlines()
     assert len(lines) < 250, f"README.md has {len(lines)} lines: move details into a docs/ page"
     # .ci/run runs exactly the README's test command
-    command = "bash tools/setup_env.sh && .venv/bin/python -m pytest -q"
+    command = "bash tools/setup_env.sh && .venv/bin/python -m pytest -q -n 2"
     assert command in lines
     assert command in (REPO / ".ci" / "run").read_text().splitlines()
