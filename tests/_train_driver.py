@@ -1,5 +1,6 @@
 """tools/train.py's command line with two probes, for tests that run training in their own processes (launched
-directly, by Lightning's DDP launcher, by torchrun or as simulated SLURM tasks). Configured by the environment:
+directly, by Lightning's DDP launcher, by torchrun or as simulated SLURM tasks), as ``python -m tests._train_driver``
+(``torchrun ... -m tests._train_driver``) from the repository root. Configured by the environment:
 
 * ``PAUSE_AT_STEP=N`` and ``PAUSE_DIR=D``: at the end of optimizer step N every rank writes ``D/paused_rank<R>``
   (its pid) and waits until ``D/go`` exists, so that a test can signal or kill a process at a known step. While
@@ -15,12 +16,10 @@ import os.path as osp
 import sys
 import time
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # the repository, for tests._tools
+import lightning as L
 
-import lightning as L  # noqa: E402
-
-from tasks.restart import Preemption  # noqa: E402
-from tests._tools import load_tool  # noqa: E402
+from tasks.restart import Preemption
+from tests._tools import load_tool
 
 
 def _write(path, text):

@@ -21,7 +21,7 @@ import pytest
 from tests._runs import TIMEOUT, assert_same_training_state, ddp_opts, env, free_port, load_ckpt, seg_opts
 from tests._tools import REPO, SEG_CFG
 
-DRIVER = os.path.join(REPO, "tests", "_train_driver.py")
+DRIVER = "tests._train_driver"  # run as a module from the repository root (python -m, torchrun -m)
 STEPS, PAUSE = 5, 3  # 1 process: 4 batches an epoch, 2 processes: 2; step 3 is mid-epoch for both
 EXIT_PREEMPTED = 75
 
@@ -48,7 +48,7 @@ def start(args, launcher=(), group_env=None, **env_extra):
     while the test waits could fill up and block the process)."""
     out = tempfile.NamedTemporaryFile("w+", suffix=".log")
     proc = subprocess.Popen(
-        [sys.executable, *launcher, DRIVER, *args],
+        [sys.executable, *launcher, "-m", DRIVER, *args],
         cwd=REPO,
         env={**(group_env or env()), **env_extra},
         stdout=out,

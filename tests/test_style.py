@@ -5,8 +5,11 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from tests._tools import REPO
+
+ROOT = Path(REPO)
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:
@@ -24,3 +27,17 @@ def test_ruff_check_passes():
 def test_ruff_format_check_passes():
     out = _ruff("format", "--check", ".")
     assert out.returncode == 0, f"files not formatted (run `ruff format .`):\n{out.stdout}"
+
+
+def test_tools_are_thin_command_lines_and_nothing_edits_sys_path():
+    # tools/ holds argument parsing plus calls into backbones/, tasks/ and perf/; every package is imported
+    # normally (the checkout on sys.path as the working directory or the installed package), never by path edits
+    long = {p.name: n for p in (ROOT / "tools").glob("*.py") if (n := len(p.read_text().splitlines())) > 250}
+    assert not long, f"tools above 250 lines (move the logic into a package): {long}"
+    edits = [
+        str(p.relative_to(ROOT))
+        for folder in ("tools", "tests", "backbones", "tasks", "perf", "configs")
+        for p in (ROOT / folder).rglob("*.py")
+        if p.name != "test_style.py" and "sys.path." in p.read_text()
+    ]
+    assert not edits, f"sys.path edits: {edits}"
