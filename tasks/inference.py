@@ -148,6 +148,13 @@ def build_inferencer(config: str, checkpoint: str, device: str | None = None, cf
             meta = {"dataset_meta": dataset_meta(cfg)}
             super()._load_weights_to_model(model, {"state_dict": model.state_dict(), "meta": meta}, cfg)
 
+        def _init_visualizer(self, cfg):
+            # No storage backends: the overlays are files written through out_file (below). The configs' default
+            # LocalVisBackend has no save_dir here, and the library would only warn that it cannot add it.
+            cfg = copy.deepcopy(cfg)
+            cfg.visualizer.vis_backends = None
+            return super()._init_visualizer(cfg)
+
         def _init_pipeline(self, cfg):
             # no ground truth for the user's images (mmseg's inferencer drops LoadAnnotations too, mmdet's does not)
             cfg = copy.deepcopy(cfg)

@@ -115,6 +115,7 @@ def test_steps_and_lr_curve_count_optimizer_steps(run, tmp_path):
     expected = []
     for _ in range(STEPS):
         expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()  # no gradients: only the step count the schedulers check
         for scheduler in schedulers:
             scheduler.step()
     assert probe.lrs == pytest.approx(expected, rel=1e-9)
