@@ -16,10 +16,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# What a launcher (Lightning's, torchrun, SLURM) tells the processes it starts: a child that inherits these from
+# the test process believes it was launched as one rank of a job.
+LAUNCHER_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
 def env(**extra) -> dict:
     """A child's environment: one thread per process (the test machines have few cores and the ranks of a job
-    share them) and a free rendezvous port of its own."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **extra}
+    share them), a free rendezvous port of its own, and no launcher or SLURM variables of the test process."""
+    own = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in LAUNCHER_VARIABLES and not k.startswith(("TORCHELASTIC_", "SLURM_"))
+    }
+    return {**own, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **extra}
 
 
 def seg_opts(data_opts, *extra) -> list:

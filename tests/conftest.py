@@ -32,6 +32,19 @@ def reference_dir():
     return GOLDEN_DATA
 
 
+@pytest.fixture(autouse=True)
+def _restore_environment():
+    """Each test leaves os.environ as it found it. Lightning's DDP launcher sets LOCAL_RANK, WORLD_SIZE, NODE_RANK
+    and MASTER_* in the process that launches; left in a pytest-xdist worker, they made a later test's child
+    ``tools/test.py ... trainer.devices=2`` believe it had been launched externally, start no rank 1, and wait
+    for it forever."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def once(tmp_path_factory, name: str, make):
     """``make(folder)`` once per test session, its JSON-able result returned to every caller: with pytest-xdist,
     the first worker to ask runs it under a file lock in the directory the workers share, the others wait for it

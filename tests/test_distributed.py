@@ -1,15 +1,15 @@
-"""Multi-process runs on CPU (gloo): DDP on one machine, and two "nodes" launched by torchrun on localhost."""
+"""Multi-process runs on CPU (gloo): DDP training and tools/test.py on one machine (two simulated nodes, torchrun's
+restarts and SLURM tasks: tests/test_cluster.py)."""
 
 import json
 import os
-import os.path as osp
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests._runs import TIMEOUT, env, free_port
+from tests._runs import TIMEOUT, env
 from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, flat_metrics, load_tool, random_checkpoint
 
 # Runs tools/train.py's main with a callback that hashes each rank's parameters and buffers once
@@ -85,55 +85,6 @@ def test_ddp_two_processes_same_weights_and_metrics_as_one(data_opts, tmp_path):
     single = json.loads(out.read_text())
     assert set(single) == set(ddp_metrics) >= {"mIoU", "aAcc", "mAcc"}
     assert flat_metrics(single) == pytest.approx(flat_metrics(ddp_metrics), abs=1e-6, nan_ok=True)
-
-
-def test_two_nodes_torchrun_localhost(data_opts, tmp_path):
-    port = str(free_port())
-    opts = [
-        *data_opts("tiny_coco"),
-        "trainer.num_nodes=2",
-        "trainer.devices=1",
-        "trainer.strategy=ddp",
-        "trainer.max_epochs=1",
-        "trainer.limit_train_batches=1",
-        "trainer.check_val_every_n_epoch=1",
-    ]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                "--nproc_per_node=1",
-                f"--node_rank={rank}",
-                "--master_addr=127.0.0.1",
-                f"--master_port={port}",
-                "tools/train.py",
-                DET_CFG,
-                "--work-dir",
-                str(tmp_path / f"node{rank}"),
-                "--cfg-options",
-                *opts,
-            ],
-            cwd=REPO,
-            env=env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    try:
-        logs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for rank, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"node {rank}:\n{log[-6000:]}"
-    assert "bbox_mAP" in json.loads((tmp_path / "node0" / "metrics.json").read_text())
-    assert osp.isfile(tmp_path / "node0" / "last.ckpt")
 
 
 SEG_TTA_CFG = """_base_ = [{base!r}]
