@@ -22,6 +22,7 @@ while mmdet reads them, every sample's files and labels as it is loaded: errors 
 from __future__ import annotations
 
 import lightning as L
+import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
@@ -98,8 +99,15 @@ class MMDataModule(L.LightningDataModule):
         make_batches = build_batch_sampler(
             sec.get("batch_sampler"), sec.get("batch_size", 1), sec.get("drop_last", False)
         )
+        # The loader's own generator: each epoch's iterator draws its workers' base seed from it rather than from
+        # torch's global RNG, which the model's random layers (drop path) use. With the global RNG, a run resumed
+        # from a checkpoint written at an epoch's last batch made one draw more than the uninterrupted run (the
+        # restored, already finished epoch's iterator), and its drop-path masks differed from there on.
         loader = self._loader(
-            "train", cls=ResumableDataLoader, batch_sampler=ResumableBatchSampler(sampler, make_batches)
+            "train",
+            cls=ResumableDataLoader,
+            batch_sampler=ResumableBatchSampler(sampler, make_batches),
+            generator=torch.Generator().manual_seed(seed + rank),
         )
         if trainer is not None:
             loader.progress = lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed
