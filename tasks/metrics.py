@@ -337,8 +337,9 @@ def _unpack(entry: tuple, blocks: list, with_masks: bool) -> dict:
     if with_masks:
         record["dt_mask_areas"] = dt[:, 6]
         lens_end = gt_end + (n_dt + n_gt) * 8
-        ends = lens_end + np.cumsum(data[gt_end:lens_end].view(np.int64))
-        starts = np.concatenate([[lens_end], ends[:-1]]).astype(np.int64)
+        lens = data[gt_end:lens_end].view(np.int64)
+        ends = lens_end + np.cumsum(lens)
+        starts = ends - lens  # (not ends shifted by one: an image may have no masks at all)
         counts = [data[i:j].tobytes() for i, j in zip(starts.tolist(), ends.tolist(), strict=True)]
         record["dt_masks"], record["gt_masks"] = counts[:n_dt], counts[n_dt:]
     return record

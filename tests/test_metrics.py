@@ -281,6 +281,18 @@ def test_detection_update_memory_stays_bounded():
     assert out["metrics"]["segm_mAP"] > 0.01  # a real evaluation ran
 
 
+def test_detection_image_without_predictions_or_ground_truth(det_data):
+    # an image with no detections and no objects (an untrained model on an empty image) is packed and unpacked
+    # with no masks at all, and changes no metric (COCOeval skips it)
+    samples = det_data[0]
+    empty = copy.deepcopy(samples[0])
+    empty.set_metainfo(dict(img_id=999))
+    for field in ("pred_instances", "gt_instances", "ignored_instances"):
+        empty.set_field(getattr(empty, field)[:0], field)
+    assert len(empty.pred_instances) == len(empty.gt_instances) == len(empty.ignored_instances) == 0
+    assert _evaluate(DetectionEvaluator(), [[empty], samples]) == _evaluate(DetectionEvaluator(), [samples])
+
+
 def test_detection_order_split_duplicates_reset(det_data):
     samples = det_data[0]
     expected = _evaluate(DetectionEvaluator(), [samples])
