@@ -173,19 +173,17 @@ def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_e
     assert (tmp_path / "scontrol.calls").read_text().count("requeue") == 1  # the second run was not requeued
 
 
-def test_sigkill_mid_epoch_then_resume_two_processes_is_bit_identical(data_opts, reference, tmp_path):
-    """The whole 2-process job SIGKILLed (its process group, as a scheduler kills it; under Lightning's launcher
-    rank 1 is rank 0's child) after step 4, with last.ckpt from step 3, mid-epoch; the same command again resumes
-    from it (``--resume auto``) and ends with the uninterrupted run's weights, optimizer state and lr schedule.
-    One process: tests/test_reliability.py (the detection demo, its aspect-ratio batches)."""
-    devices = 2
+def kill_and_resume(data_opts, tmp_path, devices, checkpoint_every, pause_at):
+    """The whole job SIGKILLed (its process group, as a scheduler kills it; under Lightning's launcher rank 1 is
+    rank 0's child) while every rank waits at the end of step ``pause_at``, then the same command again
+    (``--resume auto``). Returns the last.ckpt the kill left and the resumed run's final one."""
     work, pause = tmp_path / "work", tmp_path / "pause"
     pause.mkdir()
-    args = train_args(data_opts, work, *ddp_opts(devices), "checkpoint_every_n_steps=3")
-    proc = start(args, PAUSE_AT_STEP="4", PAUSE_DIR=str(pause))
+    args = train_args(data_opts, work, *ddp_opts(devices), f"checkpoint_every_n_steps={checkpoint_every}")
+    proc = start(args, PAUSE_AT_STEP=str(pause_at), PAUSE_DIR=str(pause))
     for rank in range(devices):
         wait_for(pause / f"paused_rank{rank}", [proc])
-    assert load_ckpt(work / "last.ckpt")["global_step"] == 3
+    saved = load_ckpt(work / "last.ckpt")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
@@ -193,10 +191,19 @@ def test_sigkill_mid_epoch_then_resume_two_processes_is_bit_identical(data_opts,
 
     (log,) = finish([start(args)])
     assert f"--resume auto: resuming from {work / 'last.ckpt'}" in log, log[-4000:]
+    assert [p for p in os.listdir(work) if p.endswith(".tmp")] == []
     final = load_ckpt(work / "last.ckpt")
     assert final["global_step"] == STEPS
-    assert_same_training_state(reference[devices][0], final)
-    assert [p for p in os.listdir(work) if p.endswith(".tmp")] == []
+    return saved, final
+
+
+def test_sigkill_mid_epoch_then_resume_two_processes_is_bit_identical(data_opts, reference, tmp_path):
+    """2 processes, 2 batches per rank and epoch, last.ckpt every 3 steps: killed after step 4 with the checkpoint
+    of step 3, mid-epoch; the resumed run ends with the uninterrupted run's weights, optimizer state and lr
+    schedule. One process: tests/test_reliability.py (the detection demo, its aspect-ratio batches)."""
+    saved, final = kill_and_resume(data_opts, tmp_path, devices=2, checkpoint_every=3, pause_at=4)
+    assert saved["global_step"] == 3
+    assert_same_training_state(reference[2][0], final)
     # mmseg's config has no batch_sampler: the plain BatchSampler's position was restored (the detection configs'
     # AspectRatioBatchSampler: tests/test_reliability.py)
     assert final["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batch_sampler"] == "BatchSampler"
@@ -206,19 +213,8 @@ def test_resume_from_the_last_step_of_an_epoch_is_bit_identical(data_opts, refer
     """One process, 4 batches an epoch, last.ckpt every 4 steps: killed during step 5 with the checkpoint of step 4,
     the last of epoch 0; the resumed run starts epoch 1 with the uninterrupted run's batch and random state (the
     restored, finished epoch's iterator must not draw from torch's global RNG) and ends with its weights."""
-    work, pause = tmp_path / "work", tmp_path / "pause"
-    pause.mkdir()
-    args = train_args(data_opts, work, "checkpoint_every_n_steps=4")
-    proc = start(args, PAUSE_AT_STEP="5", PAUSE_DIR=str(pause))
-    wait_for(pause / "paused_rank0", [proc])
-    saved = load_ckpt(work / "last.ckpt")
+    saved, final = kill_and_resume(data_opts, tmp_path, devices=1, checkpoint_every=4, pause_at=5)
     assert saved["global_step"] == 4 and saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 4
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    (pause / "go").touch()
-    finish([start(args)])
-    final = load_ckpt(work / "last.ckpt")
-    assert final["global_step"] == STEPS
     assert_same_training_state(reference[1][0], final)
 
 
