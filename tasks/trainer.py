@@ -28,13 +28,15 @@ Top-level reliability keys (besides ``nonfinite_loss``, see tasks/nonfinite.py):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.strategies import FSDPStrategy
@@ -229,3 +231,21 @@ def build_trainer(
         plugins.append(SLURMEnvironment(auto_requeue=False))
     os.makedirs(work_dir, exist_ok=True)
     return L.Trainer(default_root_dir=work_dir, callbacks=callbacks, plugins=plugins, **kwargs)
+
+
+def _process_group_exists() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def releasing_process_group() -> Iterator[None]:
+    """Destroys, on the way out, the process group that the run inside created (Lightning's DDP strategy creates
+    one, even for one device, and leaves it to an ``atexit`` handler). A tool's ``main`` called in a process that
+    lives on (a notebook, a test session) must not leave it behind: the next model run there would find a
+    "distributed" job of one rank, and its SyncBatchNorm layers would then refuse CPU inputs."""
+    existed = _process_group_exists()
+    try:
+        yield
+    finally:
+        if not existed and _process_group_exists():
+            dist.destroy_process_group()

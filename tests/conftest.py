@@ -45,6 +45,20 @@ def _restore_environment():
         os.environ.update(saved)
 
 
+@pytest.fixture(autouse=True)
+def _no_process_group_left():
+    """A test leaves no torch.distributed process group behind: in a pytest-xdist worker it made every later test
+    there run "distributed" with one rank (SyncBatchNorm then refused CPU inputs in tests/test_configs.py). The
+    group is destroyed and the test that left it fails."""
+    import torch.distributed as dist
+
+    existed = dist.is_available() and dist.is_initialized()
+    yield
+    if not existed and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("the test left a torch.distributed process group initialized (see releasing_process_group)")
+
+
 def once(tmp_path_factory, name: str, make):
     """``make(folder)`` once per test session, its JSON-able result returned to every caller: with pytest-xdist,
     the first worker to ask runs it under a file lock in the directory the workers share, the others wait for it

@@ -33,7 +33,7 @@ from tasks.config import add_cfg_options, default_work_dir, load_config
 from tasks.data import without_annotation_loading
 from tasks.export import read_training_checkpoint
 from tasks.submission import SubmissionWriter
-from tasks.trainer import build_trainer
+from tasks.trainer import build_trainer, releasing_process_group
 from tasks.tta import enable_tta
 from tasks.visualize import PredictionWriter
 
@@ -94,6 +94,7 @@ def format_per_class_table(per_class: dict) -> str:
     return "\n\n".join(tables)
 
 
+@releasing_process_group()
 def main(argv=None, callbacks=()) -> dict:
     args = parse_args(argv)
     if args.format_only and not args.out_dir:

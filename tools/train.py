@@ -38,7 +38,7 @@ from tasks.config import add_cfg_options, default_work_dir, load_config
 from tasks.optim import enable_auto_scale_lr
 from tasks.restart import resume_checkpoint
 from tasks.trackers import finish_tracking
-from tasks.trainer import build_trainer
+from tasks.trainer import build_trainer, releasing_process_group
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -81,6 +81,7 @@ def setup_mm_logger(work_dir: str) -> None:
             handler.setLevel(logging.WARNING)
 
 
+@releasing_process_group()
 def main(argv=None, callbacks=()) -> dict:
     """Run training; ``callbacks`` are extra Lightning callbacks (tests use them to inspect ranks)."""
     args = parse_args(argv)
