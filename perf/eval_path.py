@@ -205,18 +205,13 @@ def _child(argv: list[str]) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m perf.eval_path --child")
     parser.add_argument("--child", action="store_true")
-    parser.add_argument("--tool", choices=["test", "train", "checkpoint"], required=True)
+    parser.add_argument("--tool", choices=["test", "train"], required=True)
     parser.add_argument("--impl", choices=["ours", "mm", "mm-format"], default="ours")
     parser.add_argument("--trace", required=True, help="JSON file for the trace")
     parser.add_argument("--limit-gib", type=float)
     parser.add_argument("tool_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     tool_args = args.tool_args[1:] if args.tool_args[:1] == ["--"] else args.tool_args
-    if args.tool == "checkpoint":  # CONFIG PATH OPTION...: a plain checkpoint at the initial weights
-        _write_checkpoint(*tool_args[:2], tool_args[2:])
-        with open(args.trace, "w") as f:
-            json.dump(dict(tool=args.tool, path=tool_args[1]), f)
-        return
     trace = RssTrace(args.limit_gib)
     callbacks = [trace]
     if args.impl != "ours":
@@ -269,10 +264,9 @@ def make_data(root: str, coco_val: int = 0, ade_val: int = 0, coco_train: int = 
         with open(stamp) as f:
             if json.load(f) == spec:
                 return root
-    cmd = [sys.executable, osp.join(REPO, "tools", "make_tiny_data.py"), "--out", root]
-    cmd += ["--coco-train", str(coco_train), "--coco-val", str(max(coco_val, 1))]
-    cmd += ["--ade-train", str(ade_train), "--ade-val", str(max(ade_val, 1))]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=python_env())  # the tool imports tasks
+    tiny = load_tool("make_tiny_data")  # in this process: a child would pay the imports again (seconds of CPU)
+    tiny.make_coco(root, coco_train, max(coco_val, 1), 0)
+    tiny.make_ade20k(root, ade_train, max(ade_val, 1), 0)
     with open(stamp, "w") as f:
         json.dump(spec, f)
     return root
@@ -294,9 +288,10 @@ def run_child(tool: str, impl: str, tool_args: list[str], work: str, label: str,
 
 
 def checkpoint(config: str, options: list[str], path: str) -> str:
-    """A plain checkpoint of the config's model at its initial weights (seed 0), written once."""
+    """A plain checkpoint of the config's model at its initial weights (seed 0), written once, in this process
+    (nothing here is measured)."""
     if not osp.isfile(path):
-        run_child("checkpoint", "ours", [config, path, *options], osp.dirname(path), "checkpoint", None)
+        _write_checkpoint(config, path, options)
     return path
 
 

@@ -1,13 +1,22 @@
 """Helpers of the tests that train in child processes (tests/test_reliability.py, test_cluster.py,
-test_distributed.py, test_accumulation.py): their environment, the tiny segmentation run's options, and the
-comparison of two training checkpoints."""
+test_distributed.py, test_accumulation.py): their environment, the tiny segmentation run's options, starting
+tests/_train_driver.py and killing it at a known step, training in the test's own process, and the comparison of
+two training checkpoints."""
 
 import os
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 
 import torch
 
+from tests._tools import REPO, load_tool
+
 TIMEOUT = 240  # seconds for one training process of these tests
+DRIVER = "tests._train_driver"  # run as a module from the repository root (python -m, torchrun -m)
 
 
 def free_port() -> int:
@@ -72,3 +81,86 @@ def assert_same_training_state(a: dict, b: dict) -> None:
     for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
         assert all(torch.equal(sa[n], sb[n]) for n in sa)
     assert a["lr_schedulers"] == b["lr_schedulers"]
+
+
+def start(args, launcher=(), group_env=None, **env_extra) -> subprocess.Popen:
+    """tests/_train_driver.py with ``args``, in a process group of its own (a scheduler kills the job's group); the
+    processes of one job share ``group_env`` (its MASTER_PORT). The output goes to a file (a pipe nobody reads
+    while the test waits could fill up and block the process)."""
+    out = tempfile.NamedTemporaryFile("w+", suffix=".log")
+    proc = subprocess.Popen(
+        [sys.executable, *launcher, "-m", DRIVER, *args],
+        cwd=REPO,
+        env={**(group_env or env()), **env_extra},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    proc.log = out
+    return proc
+
+
+def output(proc) -> str:
+    proc.log.seek(0)
+    return proc.log.read()
+
+
+def finish(procs, expect=0, timeout=TIMEOUT) -> list:
+    """Wait for the processes; assert their exit status; return their output."""
+    try:
+        for p in procs:
+            p.wait(timeout=timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    logs = [output(p) for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == expect, f"exit status {p.returncode}, expected {expect}:\n{log[-6000:]}"
+    return logs
+
+
+def wait_for(path, procs=()) -> str:
+    """The text of ``path`` once it exists; fails when one of ``procs`` ended first."""
+    deadline = time.monotonic() + TIMEOUT
+    while not os.path.exists(path):
+        dead = [p for p in procs if p.poll() is not None]
+        assert not dead, f"a process ended while waiting for {path}:\n{output(dead[0])[-6000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {path}"
+        time.sleep(0.02)
+    with open(path) as f:
+        return f.read()
+
+
+def kill_and_resume(args, work, pause, pause_at, devices=1):
+    """The training job ``args`` (its work dir ``work``, ``--resume auto``) SIGKILLed as a whole (its process group,
+    as a scheduler kills it; under Lightning's launcher rank 1 is rank 0's child) while its ``devices`` ranks wait
+    at the end of step ``pause_at`` (tests/_train_driver.py, pause folder ``pause``), then the same command again.
+    Returns the last.ckpt that the kill left and the resumed run's final one."""
+    os.makedirs(pause)
+    proc = start(args, PAUSE_AT_STEP=str(pause_at), PAUSE_DIR=str(pause))
+    for rank in range(devices):
+        wait_for(os.path.join(pause, f"paused_rank{rank}"), [proc])
+    saved = load_ckpt(os.path.join(work, "last.ckpt"))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    open(os.path.join(pause, "go"), "w").close()
+
+    (log,) = finish([start(args)])
+    assert f"--resume auto: resuming from {os.path.join(work, 'last.ckpt')}" in log, log[-4000:]
+    assert [p for p in os.listdir(work) if p.endswith(".tmp")] == []
+    return saved, load_ckpt(os.path.join(work, "last.ckpt"))
+
+
+def train_here(args) -> dict:
+    """tools/train.py's ``main`` in this process with one thread, as each child of ``env()`` runs: the same float
+    sums, so its checkpoints equal a child's bit for bit, without a child's seconds of imports."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return load_tool("train").main(args)
+    finally:
+        torch.set_num_threads(threads)

@@ -10,18 +10,27 @@ tests/_train_driver.py pauses every rank at the end of step 3 until the test has
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from tests._runs import TIMEOUT, assert_same_training_state, ddp_opts, env, free_port, load_ckpt, seg_opts
-from tests._tools import REPO, SEG_CFG
+from tests._runs import (
+    TIMEOUT,
+    assert_same_training_state,
+    ddp_opts,
+    env,
+    finish,
+    free_port,
+    kill_and_resume,
+    load_ckpt,
+    seg_opts,
+    start,
+    train_here,
+    wait_for,
+)
+from tests._tools import SEG_CFG
 
-DRIVER = "tests._train_driver"  # run as a module from the repository root (python -m, torchrun -m)
 STEPS, PAUSE = 5, 3  # 1 process: 4 batches an epoch, 2 processes: 2; step 3 is mid-epoch for both
 EXIT_PREEMPTED = 75
 
@@ -40,56 +49,6 @@ def train_args(data_opts, work_dir, *extra):
     # processes started together (torchrun, SLURM tasks) may reach the rendezvous minutes apart on a loaded machine
     opts += ["trainer.strategy.timeout=300"] if any(o.startswith("trainer.strategy") for o in opts) else []
     return [SEG_CFG, "--work-dir", str(work_dir), "--resume", "auto", "--auto-scale-lr", "--cfg-options", *opts]
-
-
-def start(args, launcher=(), group_env=None, **env_extra):
-    """tests/_train_driver.py with ``args``, in a process group of its own (a scheduler kills the job's group); the
-    processes of one job share ``group_env`` (its MASTER_PORT). The output goes to a file (a pipe nobody reads
-    while the test waits could fill up and block the process)."""
-    out = tempfile.NamedTemporaryFile("w+", suffix=".log")
-    proc = subprocess.Popen(
-        [sys.executable, *launcher, "-m", DRIVER, *args],
-        cwd=REPO,
-        env={**(group_env or env()), **env_extra},
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    proc.log = out
-    return proc
-
-
-def output(proc):
-    proc.log.seek(0)
-    return proc.log.read()
-
-
-def finish(procs, expect=0, timeout=TIMEOUT):
-    """Wait for the processes; assert their exit status; return their output."""
-    try:
-        for p in procs:
-            p.wait(timeout=timeout)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    logs = [output(p) for p in procs]
-    for p, log in zip(procs, logs):
-        assert p.returncode == expect, f"exit status {p.returncode}, expected {expect}:\n{log[-6000:]}"
-    return logs
-
-
-def wait_for(path, procs=()):
-    deadline = time.monotonic() + TIMEOUT
-    while not os.path.exists(path):
-        dead = [p for p in procs if p.poll() is not None]
-        assert not dead, f"a process ended while waiting for {path}:\n{output(dead[0])[-6000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {path}"
-        time.sleep(0.02)
-    with open(path) as f:
-        return f.read()
 
 
 def slurm_env(tmp_path, rank=0, ntasks=1, nodes=1, **extra):
@@ -117,14 +76,15 @@ def slurm_env(tmp_path, rank=0, ntasks=1, nodes=1, **extra):
 @pytest.fixture(scope="session")
 def reference(data_opts, run_once):
     """Uninterrupted runs: ``{1: one process's last.ckpt, 2: two gloo processes' (Lightning's launcher)}``, the
-    latter with each rank's record (tests/_train_driver.py RECORD_DIR). Trained once per session."""
+    latter with each rank's record (tests/_train_driver.py RECORD_DIR). Trained once per session; the one-process
+    run in the test process (``train_here``: one thread, as the children)."""
 
     def make(folder):
-        for devices in (1, 2):
-            work = folder / f"ref{devices}"
-            (work / "record").mkdir(parents=True)
-            log = finish([start(train_args(data_opts, work, *ddp_opts(devices)), RECORD_DIR=str(work / "record"))])[0]
-            assert "--resume auto: no checkpoint" in log and "starting fresh" in log, log[-3000:]
+        train_here(train_args(data_opts, folder / "ref1"))  # one process: this one (no child's imports)
+        work = folder / "ref2"
+        (work / "record").mkdir(parents=True)
+        log = finish([start(train_args(data_opts, work, *ddp_opts(2)), RECORD_DIR=str(work / "record"))])[0]
+        assert "--resume auto: no checkpoint" in log and "starting fresh" in log, log[-3000:]
         return str(folder)
 
     folder = Path(run_once("cluster_reference", make))
@@ -173,26 +133,10 @@ def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_e
     assert (tmp_path / "scontrol.calls").read_text().count("requeue") == 1  # the second run was not requeued
 
 
-def kill_and_resume(data_opts, tmp_path, devices, checkpoint_every, pause_at):
-    """The whole job SIGKILLed (its process group, as a scheduler kills it; under Lightning's launcher rank 1 is
-    rank 0's child) while every rank waits at the end of step ``pause_at``, then the same command again
-    (``--resume auto``). Returns the last.ckpt the kill left and the resumed run's final one."""
-    work, pause = tmp_path / "work", tmp_path / "pause"
-    pause.mkdir()
+def kill_and_resume_seg(data_opts, tmp_path, devices, checkpoint_every, pause_at):
+    work = tmp_path / "work"
     args = train_args(data_opts, work, *ddp_opts(devices), f"checkpoint_every_n_steps={checkpoint_every}")
-    proc = start(args, PAUSE_AT_STEP=str(pause_at), PAUSE_DIR=str(pause))
-    for rank in range(devices):
-        wait_for(pause / f"paused_rank{rank}", [proc])
-    saved = load_ckpt(work / "last.ckpt")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    (pause / "go").touch()
-
-    (log,) = finish([start(args)])
-    assert f"--resume auto: resuming from {work / 'last.ckpt'}" in log, log[-4000:]
-    assert [p for p in os.listdir(work) if p.endswith(".tmp")] == []
-    final = load_ckpt(work / "last.ckpt")
+    saved, final = kill_and_resume(args, work, tmp_path / "pause", pause_at, devices)
     assert final["global_step"] == STEPS
     return saved, final
 
@@ -201,7 +145,7 @@ def test_sigkill_mid_epoch_then_resume_two_processes_is_bit_identical(data_opts,
     """2 processes, 2 batches per rank and epoch, last.ckpt every 3 steps: killed after step 4 with the checkpoint
     of step 3, mid-epoch; the resumed run ends with the uninterrupted run's weights, optimizer state and lr
     schedule. One process: tests/test_reliability.py (the detection demo, its aspect-ratio batches)."""
-    saved, final = kill_and_resume(data_opts, tmp_path, devices=2, checkpoint_every=3, pause_at=4)
+    saved, final = kill_and_resume_seg(data_opts, tmp_path, devices=2, checkpoint_every=3, pause_at=4)
     assert saved["global_step"] == 3
     assert_same_training_state(reference[2][0], final)
     # mmseg's config has no batch_sampler: the plain BatchSampler's position was restored (the detection configs'
@@ -213,7 +157,7 @@ def test_resume_from_the_last_step_of_an_epoch_is_bit_identical(data_opts, refer
     """One process, 4 batches an epoch, last.ckpt every 4 steps: killed during step 5 with the checkpoint of step 4,
     the last of epoch 0; the resumed run starts epoch 1 with the uninterrupted run's batch and random state (the
     restored, finished epoch's iterator must not draw from torch's global RNG) and ends with its weights."""
-    saved, final = kill_and_resume(data_opts, tmp_path, devices=1, checkpoint_every=4, pause_at=5)
+    saved, final = kill_and_resume_seg(data_opts, tmp_path, devices=1, checkpoint_every=4, pause_at=5)
     assert saved["global_step"] == 4 and saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 4
     assert_same_training_state(reference[1][0], final)
 

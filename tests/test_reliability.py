@@ -5,8 +5,6 @@ mmdet / mmseg / Lightning / torch is mocked. Tiny shrunk models and images on CP
 """
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,69 +13,27 @@ import lightning as L
 import pytest
 import torch
 
-from tests._runs import TIMEOUT, assert_same_training_state, ddp_opts, env, load_ckpt, seg_opts
+from tests._runs import (
+    TIMEOUT,
+    assert_same_training_state,
+    ddp_opts,
+    env,
+    kill_and_resume,
+    load_ckpt,
+    seg_opts,
+    train_here,
+)
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 
 train_tool, make_tiny_data = load_tool("train"), load_tool("make_tiny_data")
 
 
 # --- SIGKILL mid-epoch, then --resume (the segmentation demo's runs, 1 and 2 processes: tests/test_cluster.py) -----
-def _kill_and_resume_is_bit_identical(cmd, tmp_path, steps, per_epoch):
-    """Runs ``cmd`` (``steps`` optimizer steps, ``per_epoch`` batches an epoch, last.ckpt every 3 steps) once
-    uninterrupted and once SIGKILLed mid-epoch then resumed; returns the final checkpoint."""
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    start = time.monotonic()
-    proc = subprocess.run(
-        [*cmd, "--work-dir", str(ref)], cwd=REPO, env=env(), capture_output=True, text=True, timeout=TIMEOUT
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    uninterrupted = time.monotonic() - start
-
-    # same run, SIGKILLed as soon as the first periodic checkpoint (step 3) is on disk: every process of the
-    # job at once (its process group, as a scheduler's kill does; under DDP rank 1 is rank 0's child)
-    p = subprocess.Popen(
-        [*cmd, "--work-dir", str(run)],
-        cwd=REPO,
-        env=env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while not (run / "last.ckpt").exists() and p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        os.killpg(p.pid, signal.SIGKILL)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-    assert p.returncode == -signal.SIGKILL
-    killed_at = load_ckpt(run / "last.ckpt")["global_step"]
-    assert 0 < killed_at < steps and killed_at % per_epoch != 0, killed_at  # mid-epoch
-
-    proc = subprocess.run(
-        [*cmd, "--work-dir", str(run), "--resume"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=TIMEOUT
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    a, b = load_ckpt(ref / "last.ckpt"), load_ckpt(run / "last.ckpt")
-    assert a["global_step"] == b["global_step"] == steps
-    assert_same_training_state(a, b)
-    assert [p for p in os.listdir(run) if p.endswith(".tmp")] == []
-    print(
-        f"killed after the checkpoint of step {killed_at} of {steps}; uninterrupted run "
-        f"{uninterrupted:.1f} s, kill + resume + uninterrupted {time.monotonic() - start:.1f} s"
-    )
-    return b
-
-
-def _train_loader_state(ckpt):
-    return ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
-
-
 def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
-    # The detection demo inherits mmdet's batch_sampler=AspectRatioBatchSampler; 8 training images of both
-    # orientations (one of the 9 has no objects), 4 batches of 2 per epoch.
+    """The detection demo inherits mmdet's batch_sampler=AspectRatioBatchSampler; 8 training images of both
+    orientations (one of the 9 has no objects), 4 batches of 2 per epoch, last.ckpt every 3 steps. Killed after
+    step 4 with the checkpoint of step 3 (mid-epoch), the same command resumes and ends with the weights,
+    optimizer state and lr schedule of the uninterrupted run."""
     make_tiny_data.make_coco(tmp_path / "data", num_train=9, num_val=1, seed=0)
     root = tmp_path / "data" / "tiny_coco"
     opts = []
@@ -95,10 +51,20 @@ def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
         "checkpoint_callback.monitor=None",
         "checkpoint_every_n_steps=3",
     ]
-    ckpt = _kill_and_resume_is_bit_identical(
-        [sys.executable, "tools/train.py", DET_CFG, "--cfg-options", *opts], tmp_path, steps=6, per_epoch=4
-    )
-    assert _train_loader_state(ckpt)["batch_sampler"] == "AspectRatioBatchSampler"
+
+    def args(work):
+        return [DET_CFG, "--work-dir", str(work), "--resume", "auto", "--cfg-options", *opts]
+
+    train_here(args(tmp_path / "ref"))
+    saved, final = kill_and_resume(args(tmp_path / "run"), tmp_path / "run", tmp_path / "pause", pause_at=4)
+    assert saved["global_step"] == 3 and _train_loader_state(saved)["batches"] == 3  # mid-epoch
+    assert final["global_step"] == 6
+    assert_same_training_state(load_ckpt(tmp_path / "ref" / "last.ckpt"), final)
+    assert _train_loader_state(final)["batch_sampler"] == "AspectRatioBatchSampler"
+
+
+def _train_loader_state(ckpt):
+    return ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
 
 
 # --- non-finite loss ----------------------------------------------------------------------------------------
