@@ -155,12 +155,13 @@ def kill_and_resume(args, work, pause, pause_at, devices=1):
     return saved, load_ckpt(os.path.join(work, "last.ckpt"))
 
 
-def train_here(args) -> dict:
-    """tools/train.py's ``main`` in this process with one thread, as each child of ``env()`` runs: the same float
-    sums, so its checkpoints equal a child's bit for bit, without a child's seconds of imports."""
+def run_here(tool: str, argv: list) -> dict:
+    """``tools/<tool>.py``'s ``main(argv)`` in this process with one thread, as each child of ``env()`` runs: the
+    same float sums, so its checkpoints and metrics equal a child's bit for bit, without a child's seconds of
+    imports."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return load_tool("train").main(args)
+        return load_tool(tool).main(argv)
     finally:
         torch.set_num_threads(threads)

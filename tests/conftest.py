@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import torch
 from filelock import FileLock
 
 from tests._tools import DET_CFG, IMAGE_INFO, SEG_CFG, TINY_ADE20K, TINY_COCO, load_tool, write_image_info
@@ -17,9 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DATA = ROOT / "tests" / "data"
 
 # Threads per test process: the cores shared among pytest-xdist's workers (the README runs 2), at most 2 each;
-# more threads than cores make every OpenMP barrier wait for a descheduled thread.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, (os.cpu_count() or 1) // _WORKERS))))
+# more threads than cores make every OpenMP barrier wait for a descheduled thread. A value the user set is kept;
+# ours is recomputed in each worker (the workers inherit the controller's, computed for one process), and set in
+# torch too, which this module has imported already (OpenMP reads the variable when it loads).
+if "OMP_NUM_THREADS" not in os.environ or os.environ.get("_TESTS_SET_OMP_NUM_THREADS"):
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, min(2, (os.cpu_count() or 1) // _workers)))
+    os.environ["_TESTS_SET_OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")

@@ -24,9 +24,9 @@ from tests._runs import (
     free_port,
     kill_and_resume,
     load_ckpt,
+    run_here,
     seg_opts,
     start,
-    train_here,
     wait_for,
 )
 from tests._tools import SEG_CFG
@@ -77,10 +77,10 @@ def slurm_env(tmp_path, rank=0, ntasks=1, nodes=1, **extra):
 def reference(data_opts, run_once):
     """Uninterrupted runs: ``{1: one process's last.ckpt, 2: two gloo processes' (Lightning's launcher)}``, the
     latter with each rank's record (tests/_train_driver.py RECORD_DIR). Trained once per session; the one-process
-    run in the test process (``train_here``: one thread, as the children)."""
+    run in the test process (``run_here``: one thread, as the children)."""
 
     def make(folder):
-        train_here(train_args(data_opts, folder / "ref1"))  # one process: this one (no child's imports)
+        run_here("train", train_args(data_opts, folder / "ref1"))  # one process: this one (no child's imports)
         work = folder / "ref2"
         (work / "record").mkdir(parents=True)
         log = finish([start(train_args(data_opts, work, *ddp_opts(2)), RECORD_DIR=str(work / "record"))])[0]

@@ -7,10 +7,9 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from tests._runs import TIMEOUT, env
-from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, flat_metrics, load_tool, random_checkpoint
+from tests._runs import TIMEOUT, env, run_here
+from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, flat_metrics, random_checkpoint
 
 # Runs tools/train.py's main with a callback that hashes each rank's parameters and buffers once
 # training ended (after the last validation). Lightning's DDP launcher re-runs this file per rank.
@@ -64,24 +63,10 @@ def test_ddp_two_processes_same_weights_and_metrics_as_one(data_opts, tmp_path):
     assert hashes[0] == hashes[1], "ranks diverged"
     ddp_metrics = json.loads((work / "metrics.json").read_text())
 
-    # the checkpoint evaluated by one process: every val image counted once in both cases
+    # the checkpoint evaluated by one process (this one): every val image counted once in both cases
     out = tmp_path / "single.json"
-    run(
-        [
-            sys.executable,
-            "tools/test.py",
-            SEG_CFG,
-            str(work / "last.ckpt"),
-            "--work-dir",
-            str(tmp_path),
-            "--out",
-            str(out),
-            "--cfg-options",
-            *opts,
-            "trainer.devices=1",
-        ],
-        env=env(),
-    )
+    args = [SEG_CFG, str(work / "last.ckpt"), "--work-dir", str(tmp_path), "--out", str(out), "--cfg-options", *opts]
+    run_here("test", [*args, "trainer.devices=1"])
     single = json.loads(out.read_text())
     assert set(single) == set(ddp_metrics) >= {"mIoU", "aAcc", "mAcc"}
     assert flat_metrics(single) == pytest.approx(flat_metrics(ddp_metrics), abs=1e-6, nan_ok=True)
@@ -106,7 +91,6 @@ tta_pipeline = [
 def test_test_tool_tta_slide_and_submission_files_each_image_once(data_opts, tmp_path):
     """tools/test.py under 2 processes (3 images: 2 + 1) gives one process's metrics and files: segmentation
     with --tta and sliding-window inference, and --format-only on an image-info-only COCO set."""
-    test = load_tool("test")
     # The demo's TTA with 2 of its 6 scales (4 views, not 12: the same code path, a third of the inference), and
     # windows of 192 px: one for most views of these 128-192 px images, several for the largest.
     seg_cfg = tmp_path / "seg_tta.py"
@@ -146,13 +130,8 @@ def test_test_tool_tta_slide_and_submission_files_each_image_once(data_opts, tmp
                 *opts,
                 f"trainer.devices={devices}",
             ]
-            if devices == 1:  # one thread, as each DDP process (env()): the same float sums
-                threads = torch.get_num_threads()
-                torch.set_num_threads(1)
-                try:
-                    test.main(args)
-                finally:
-                    torch.set_num_threads(threads)
+            if devices == 1:  # in this process, one thread as each DDP process: the same float sums
+                run_here("test", args)
             else:
                 run([sys.executable, "tools/test.py", *args, "trainer.strategy=ddp"], env=env(), timeout=2 * TIMEOUT)
             files = {f: (work / "files" / f).read_bytes() for f in sorted(os.listdir(work / "files"))}

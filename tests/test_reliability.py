@@ -20,8 +20,8 @@ from tests._runs import (
     env,
     kill_and_resume,
     load_ckpt,
+    run_here,
     seg_opts,
-    train_here,
 )
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 
@@ -55,7 +55,7 @@ def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
     def args(work):
         return [DET_CFG, "--work-dir", str(work), "--resume", "auto", "--cfg-options", *opts]
 
-    train_here(args(tmp_path / "ref"))
+    run_here("train", args(tmp_path / "ref"))
     saved, final = kill_and_resume(args(tmp_path / "run"), tmp_path / "run", tmp_path / "pause", pause_at=4)
     assert saved["global_step"] == 3 and _train_loader_state(saved)["batches"] == 3  # mid-epoch
     assert final["global_step"] == 6
