@@ -236,6 +236,10 @@ class _NHWCStages(nn.Module):
 def _mmdet_backbone(cfg: dict) -> nn.Module:
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
+    from mmengine.registry import DefaultScope
 
-    register_all_modules()
-    return MODELS.build(cfg)
+    # mmdet's registry, in mmdet's scope for this build only: the process's default scope stays as it was (an
+    # mmseg model built before or after is not affected, and mmdet does not warn that it forced the scope)
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope("mmdet"):
+        return MODELS.build(cfg)

@@ -2,6 +2,8 @@
 (mmdet on the test machine, timm or torchvision on a GPU machine without mm packages): the sources must be the
 same architecture, or the reports' "vs Swin-T" columns would compare different baselines."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -24,6 +26,21 @@ def test_swin_t_is_the_same_architecture_from_mmdet_and_torchvision(shrunk):
         shapes = [[tuple(o.shape) for o in m(x)] for m in (mm, tv)]
     assert shapes[0] == shapes[1] and len(shapes[0]) == 4
     assert shapes[0][0] == (1, 32 if shrunk else 96, 16, 24)  # NCHW at stride 4
+
+
+def test_mmdet_swin_t_leaves_the_default_scope_as_it_was():
+    # built after an mmseg model in the same process (the benchmark tests do), with mmdet's own registry: no
+    # "register_all_modules will force the current default scope" warning, and the mmseg scope stays
+    pytest.importorskip("mmdet")
+    from mmengine.registry import DefaultScope
+
+    from tasks.config import register_scope
+
+    register_scope("mmseg")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swin_t(shrunk=True, source="mmdet")
+    assert DefaultScope.get_current_instance().scope_name == "mmseg"
 
 
 def test_reference_is_ours_on_the_plain_path_with_the_same_weights():
