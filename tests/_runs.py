@@ -134,15 +134,14 @@ def wait_for(path, procs=()) -> str:
         return f.read()
 
 
-def kill_and_resume(args, work, pause, pause_at, devices=1):
-    """The training job ``args`` (its work dir ``work``, ``--resume auto``) SIGKILLed as a whole (its process group,
-    as a scheduler kills it; under Lightning's launcher rank 1 is rank 0's child) while its ``devices`` ranks wait
-    at the end of step ``pause_at`` (tests/_train_driver.py, pause folder ``pause``), then the same command again.
-    Returns the last.ckpt that the kill left and the resumed run's final one."""
+def kill_and_resume(args, work, pause, pause_at):
+    """The one-process training job ``args`` (its work dir ``work``, ``--resume auto``) SIGKILLed (its process
+    group, as a scheduler kills it) while it waits at the end of step ``pause_at`` (tests/_train_driver.py, pause
+    folder ``pause``), then the same command again. Returns the last.ckpt that the kill left and the resumed run's
+    final one."""
     os.makedirs(pause)
     proc = start(args, PAUSE_AT_STEP=str(pause_at), PAUSE_DIR=str(pause))
-    for rank in range(devices):
-        wait_for(os.path.join(pause, f"paused_rank{rank}"), [proc])
+    wait_for(os.path.join(pause, "paused_rank0"), [proc])
     saved = load_ckpt(os.path.join(work, "last.ckpt"))
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

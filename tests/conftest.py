@@ -28,6 +28,14 @@ if "OMP_NUM_THREADS" not in os.environ or os.environ.get("_TESTS_SET_OMP_NUM_THR
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_collection_modifyitems(items):
+    """The tests marked ``slow`` (whole training processes, benchmarks) run first, each module's in its order.
+    setup.cfg has pytest-xdist hand out one test at a time (``--dist load --maxschedchunk 1``), so the long tests
+    spread over the workers, which end on short ones and finish together (the default chunks gave one worker most
+    of the long tests)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # a stable sort
+
+
 @pytest.fixture(scope="session")
 def reference_dir():
     if not (GOLDEN_DATA / "official_keys.json").is_file():

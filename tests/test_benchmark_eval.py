@@ -39,6 +39,7 @@ def test_generated_samples_match_the_ann_file():
             )
 
 
+@pytest.mark.slow
 def test_tool_runs_both_evaluators_and_they_agree():
     result = bench.main(["--images", "10", "--dets", "20", "--repeats", "1", "--batch", "4"])
     for name in coco_eval.EVALUATORS:

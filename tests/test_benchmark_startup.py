@@ -3,12 +3,15 @@ and both set-ups (mmdet's plain build, the project's train loader) run on it in 
 
 import json
 
+import pytest
+
 from perf.startup import COCO_IDS
 from tests._tools import load_tool
 
 bench = load_tool("benchmark_startup")
 
 
+@pytest.mark.slow
 def test_generated_file_and_both_setups(tmp_path):
     result = bench.main(["--images", "300", "--anns", "2100", "--repeats", "1", "--cache", str(tmp_path)])
     ann_file = next(tmp_path.rglob("instances_train2017.json"))

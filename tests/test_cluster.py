@@ -31,6 +31,8 @@ from tests._runs import (
 )
 from tests._tools import SEG_CFG
 
+pytestmark = pytest.mark.slow  # training processes: scheduled first (conftest.py)
+
 STEPS, PAUSE = 5, 3  # 1 process: 4 batches an epoch, 2 processes: 2; step 3 is mid-epoch for both
 EXIT_PREEMPTED = 75
 
@@ -133,31 +135,13 @@ def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_e
     assert (tmp_path / "scontrol.calls").read_text().count("requeue") == 1  # the second run was not requeued
 
 
-def kill_and_resume_seg(data_opts, tmp_path, devices, checkpoint_every, pause_at):
-    work = tmp_path / "work"
-    args = train_args(data_opts, work, *ddp_opts(devices), f"checkpoint_every_n_steps={checkpoint_every}")
-    saved, final = kill_and_resume(args, work, tmp_path / "pause", pause_at, devices)
-    assert final["global_step"] == STEPS
-    return saved, final
-
-
-def test_sigkill_mid_epoch_then_resume_two_processes_is_bit_identical(data_opts, reference, tmp_path):
-    """2 processes, 2 batches per rank and epoch, last.ckpt every 3 steps: killed after step 4 with the checkpoint
-    of step 3, mid-epoch; the resumed run ends with the uninterrupted run's weights, optimizer state and lr
-    schedule. One process: tests/test_reliability.py (the detection demo, its aspect-ratio batches)."""
-    saved, final = kill_and_resume_seg(data_opts, tmp_path, devices=2, checkpoint_every=3, pause_at=4)
-    assert saved["global_step"] == 3
-    assert_same_training_state(reference[2][0], final)
-    # mmseg's config has no batch_sampler: the plain BatchSampler's position was restored (the detection configs'
-    # AspectRatioBatchSampler: tests/test_reliability.py)
-    assert final["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batch_sampler"] == "BatchSampler"
-
-
 def test_resume_from_the_last_step_of_an_epoch_is_bit_identical(data_opts, reference, tmp_path):
     """One process, 4 batches an epoch, last.ckpt every 4 steps: killed during step 5 with the checkpoint of step 4,
     the last of epoch 0; the resumed run starts epoch 1 with the uninterrupted run's batch and random state (the
     restored, finished epoch's iterator must not draw from torch's global RNG) and ends with its weights."""
-    saved, final = kill_and_resume_seg(data_opts, tmp_path, devices=1, checkpoint_every=4, pause_at=5)
+    work = tmp_path / "work"
+    saved, final = kill_and_resume(train_args(data_opts, work, "checkpoint_every_n_steps=4"), work, tmp_path / "p", 5)
+    assert final["global_step"] == STEPS
     assert saved["global_step"] == 4 and saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 4
     assert_same_training_state(reference[1][0], final)
 
@@ -182,7 +166,8 @@ def test_sigterm_without_scontrol_still_checkpoints_and_says_resubmit(data_opts,
 def test_torchrun_restarts_a_killed_worker_and_training_continues_exactly(data_opts, reference, tmp_path):
     """torchrun --max-restarts=1, 2 gloo workers, --resume auto: worker 1 SIGKILLed after step 4 (last.ckpt is from
     step 3, mid-epoch); torchrun restarts the group, which resumes from step 3 and ends with the uninterrupted
-    weights."""
+    weights. (This is also the test of a 2-process run killed mid-epoch and resumed: a whole job killed and run
+    again resumes the same way: tests/test_reliability.py and the one-process test above.)"""
     work, pause = tmp_path / "work", tmp_path / "pause"
     pause.mkdir()
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
@@ -199,6 +184,9 @@ def test_torchrun_restarts_a_killed_worker_and_training_continues_exactly(data_o
     final = load_ckpt(work / "last.ckpt")
     assert final["global_step"] == STEPS
     assert_same_training_state(reference[2][0], final)
+    # mmseg's config has no batch_sampler: the plain BatchSampler's position was restored (the detection configs'
+    # AspectRatioBatchSampler: tests/test_reliability.py)
+    assert final["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batch_sampler"] == "BatchSampler"
 
 
 def test_two_nodes_ranks_shards_lr_and_weights_equal_one_node(data_opts, reference, tmp_path):

@@ -11,6 +11,8 @@ import pytest
 from tests._runs import TIMEOUT, env, run_here
 from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, flat_metrics, random_checkpoint
 
+pytestmark = pytest.mark.slow  # training processes: scheduled first (conftest.py)
+
 # Runs tools/train.py's main with a callback that hashes each rank's parameters and buffers once
 # training ended (after the last validation). Lightning's DDP launcher re-runs this file per rank.
 DRIVER = """

@@ -56,6 +56,7 @@ def _number(cell):
     return float(match.group(1))
 
 
+@pytest.mark.slow
 def test_quick_cpu_report_has_every_row_measured_without_mm_packages(tmp_path):
     report = _run_report(tmp_path, "--budget-s", "900")  # a busy test machine must not skip rows
     assert "mmengine" not in report and "## Errors" not in report, report

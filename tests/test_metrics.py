@@ -267,6 +267,7 @@ def test_detection_box_only_matches_mmdet(det_data):
     assert unnamed == {str(i): out["per_class"]["bbox_AP"][c] for i, c in enumerate(CLASSES)}
 
 
+@pytest.mark.slow
 def test_detection_update_memory_stays_bounded():
     """COCO-sized images (640x480-ish), 100 bool masks at image size each (allocated as mmdet's predict does),
     fed one per update in a fresh process. After the first 50 images (the allocator's working set for the

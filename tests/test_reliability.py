@@ -29,6 +29,7 @@ train_tool, make_tiny_data = load_tool("train"), load_tool("make_tiny_data")
 
 
 # --- SIGKILL mid-epoch, then --resume (the segmentation demo's runs, 1 and 2 processes: tests/test_cluster.py) -----
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
     """The detection demo inherits mmdet's batch_sampler=AspectRatioBatchSampler; 8 training images of both
     orientations (one of the 9 has no objects), 4 batches of 2 per epoch, last.ckpt every 3 steps. Killed after
@@ -191,6 +192,7 @@ train.cli(sys.argv[1:], callbacks=[NaNImagesOnRank1()])
 '''
 
 
+@pytest.mark.slow
 def test_nan_on_one_ddp_rank_skip_mode_both_ranks_skip(data_opts, tmp_path):
     """nonfinite_loss='skip' under 2-process DDP with a NaN loss on rank 1 only (a batch of NaN images): both
     ranks skip that step (no optimizer step anywhere: every rank's parameters and BatchNorm statistics after it
@@ -244,6 +246,7 @@ train.cli(sys.argv[1:], callbacks=[Boom()])
 """
 
 
+@pytest.mark.slow
 def test_exception_on_one_ddp_rank_ends_all_ranks_and_names_it(data_opts, tmp_path):
     marker = tmp_path / "raised_at"
     driver = tmp_path / "driver.py"
