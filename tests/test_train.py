@@ -7,6 +7,7 @@ import os.path as osp
 
 import pytest
 import torch
+from mmengine.config import Config
 
 from tests._tools import DET_CFG, SEG_CFG, TINY_ADE20K, TINY_COCO, flat_metrics, load_tool
 
@@ -44,6 +45,10 @@ def test_train_writes_metrics_checkpoint_and_resumes(det_run, copy_run):
     assert {"torch", "python", "numpy"} <= set(rng) and rng["torch"].dtype == torch.uint8
     assert [p for p in os.listdir(work_dir) if p.endswith(".tmp")] == []  # no temp files left behind
     assert osp.isdir(osp.join(work_dir, "logs")) and osp.isdir(osp.join(work_dir, "tb"))
+    # the resolved config in the work dir (overrides included) reads back as the one the checkpoint holds
+    resolved = Config.fromfile(det_run.config)
+    assert resolved.to_dict() == Config.fromstring(ckpt["mm_config"], ".py").to_dict()
+    assert resolved.train_dataloader.batch_size == 2 and "tiny_coco" in resolved.train_dataloader.dataset.data_root
 
     # resume a copy: the shared run stays the two-step run that other tests read
     work_dir = copy_run(det_run).work_dir

@@ -32,9 +32,10 @@ import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from mmengine.logging import MMLogger
 
+from backbones.atomic import write_text
 from tasks import build_task
 from tasks.checkpoint_io import write_json
-from tasks.config import add_cfg_options, default_work_dir, load_config
+from tasks.config import add_cfg_options, config_text, default_work_dir, load_config
 from tasks.optim import enable_auto_scale_lr
 from tasks.restart import resume_checkpoint
 from tasks.trackers import finish_tracking
@@ -96,7 +97,8 @@ def main(argv=None, callbacks=()) -> dict:
     module, datamodule = build_task(cfg)
     trainer = build_trainer(cfg, work_dir, callbacks=callbacks)
     if trainer.is_global_zero:
-        cfg.dump(osp.join(work_dir, osp.basename(args.config)))
+        # the resolved config, readable by Config.fromfile; not cfg.dump, whose yapf formatting takes seconds
+        write_text(osp.join(work_dir, osp.basename(args.config)), config_text(cfg))
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
     if not module.val_metrics:  # e.g. resumed a finished run, or validation never ran: measure now
         trainer.validate(module, datamodule=datamodule)
