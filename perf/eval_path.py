@@ -238,17 +238,12 @@ def _child(argv: list[str]) -> None:
 
 
 def _write_checkpoint(config: str, path: str, options: list[str]) -> None:
-    import argparse
-
     import torch
-    from mmengine.config import DictAction
 
     from tasks import build_task
-    from tasks.config import load_config
+    from tasks.config import load_config, parse_cfg_options
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default={})
-    cfg = load_config(config, parser.parse_args(["--cfg-options", *options] if options else []).cfg_options)
+    cfg = load_config(config, parse_cfg_options(options))
     torch.manual_seed(0)
     module, _ = build_task(cfg, init_weights=True)
     torch.save({"state_dict": module.model.state_dict()}, path)

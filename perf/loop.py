@@ -89,33 +89,31 @@ def _last_loss_runner(work_dir: str) -> float | None:
     return losses[-1] if losses else None
 
 
-def _train_lightning(config: str, work_dir: str, epochs: int, options: list[str]) -> int:
-    """``tools/train.py CONFIG --work-dir W --cfg-options ...`` as its command line runs it; the optimizer
-    steps done, read from the ``last.ckpt`` it wrote."""
+def _train_lightning(config: str, work_dir: str, epochs: int, options: list[str]):
+    """``tools/train.py CONFIG --work-dir W --cfg-options ...`` as its command line runs it; returns a function
+    that gives the optimizer steps done, read from the ``last.ckpt`` it wrote (called once the peak memory is
+    taken: loading the checkpoint is the measurement's, not the loop's)."""
     from tasks.checkpoint_io import load_checkpoint_safely
 
     argv = [config, "--work-dir", work_dir, "--cfg-options", *options, *lightning_options(epochs)]
     sys.argv = [str(ROOT / "tools" / "train.py"), *argv]
     runpy.run_path(sys.argv[0], run_name="__main__")
-    return int(load_checkpoint_safely(osp.join(work_dir, "last.ckpt"))["global_step"])
+    return lambda: int(load_checkpoint_safely(osp.join(work_dir, "last.ckpt"))["global_step"])
 
 
-def _train_runner(config: str, work_dir: str, epochs: int, options: list[str]) -> int:
-    """``Runner.from_cfg(runner_config(cfg)).train()`` with our backbones registered; the steps done."""
-    import argparse
-
-    from mmengine.config import DictAction
+def _train_runner(config: str, work_dir: str, epochs: int, options: list[str]):
+    """``Runner.from_cfg(runner_config(cfg)).train()`` with our backbones registered; returns a function that
+    gives the steps done."""
     from mmengine.runner import Runner
 
     import backbones  # noqa: F401  (registers STViT / HAT-Net in mmdet's and mmseg's MODELS)
-    from tasks.config import load_config
+    from tasks.config import load_config, parse_cfg_options
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default={})
-    cfg = load_config(config, parser.parse_args(["--cfg-options", *options]).cfg_options if options else None)
+    cfg = load_config(config, parse_cfg_options(options))
     runner = Runner.from_cfg(runner_config(cfg, work_dir, epochs))
     runner.train()
-    return runner.iter
+    steps = runner.iter
+    return lambda: steps
 
 
 def run_loop(argv: list[str]) -> dict:
@@ -125,12 +123,13 @@ def run_loop(argv: list[str]) -> dict:
 
     loop, out, config, work_dir, epochs, *options = argv
     train = {"lightning": _train_lightning, "runner": _train_runner}[loop]
-    steps = train(config, work_dir, int(epochs), options)
+    steps_done = train(config, work_dir, int(epochs), options)
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    peak = peak_rss_gib()  # before anything this measurement reads
     result = {
-        "peak_gib": peak_rss_gib(),
+        "peak_gib": peak,
         "cpu_s": usage.ru_utime + usage.ru_stime,
-        "steps": steps,
+        "steps": steps_done(),
         "last_loss": (_last_loss_lightning if loop == "lightning" else _last_loss_runner)(work_dir),
     }
     from backbones.atomic import atomic_write
@@ -175,9 +174,12 @@ def compare(
     rounds: int,
     threads: int,
     cfg_options: list[str] = (),
+    warmup: int = 1,
+    seed_per_round: bool = True,
     log=print,
 ) -> dict:
-    """``rounds`` rounds of (short, long) runs of both loops, alternating which loop goes first.
+    """``rounds`` rounds of (short, long) runs of both loops, alternating which loop goes first, after
+    ``warmup`` unmeasured short runs of each loop.
 
     Args:
         config: the config both loops train (its ``*_dataloader.dataset.data_root`` set to ``data_root``).
@@ -187,6 +189,16 @@ def compare(
         rounds: how many rounds.
         threads: ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` of every run.
         cfg_options: more ``KEY=VALUE`` config overrides for both loops (after the data root's).
+        warmup: short runs of each loop before the first round, not counted: the first process after an
+            install or a reboot compiles bytecode and reads the libraries from disk, which made round 0's
+            first run seconds slower than the same run later and skewed that round's slope.
+        seed_per_round: round ``r`` trains both loops with ``randomness.seed=r`` (before ``cfg_options``, which
+            may fix it). One seed gives both loops the same batches (mmengine's ``DefaultSampler`` and our
+            ``ResumableSampler`` both shuffle by ``randperm(seed + epoch)``) but not the same random draws
+            (initial weights, flips, the RoI heads' samplers), and those change the work of a step: with
+            seed 0 in every round (the same draws each round), the mask head's transposed convolution, which
+            runs on the positive RoIs, took 17 % more time in our loop's run than in the Runner's (profiled).
+            Over several seeds that averages out, and the spread shows it.
         log: called with one line per finished run.
 
     Returns a report: every run, each loop's per-step wall and CPU time per round, and per round the ratios
@@ -194,12 +206,22 @@ def compare(
     """
     options = data_options(osp.abspath(data_root)) + list(cfg_options)
     runs: dict = {loop: [] for loop in LOOPS}
+    warmups = []
+    for w in range(warmup):
+        for loop in LOOPS:
+            res = measure(
+                loop, config, osp.abspath(osp.join(work_root, f"warmup{w}_{loop}")), epochs[0], threads, options
+            )
+            warmups.append(res)
+            log(f"warm-up {loop:9s} {epochs[0]} epochs: {res['wall_s']:.1f} s wall (not counted)")
     for r in range(rounds):
         order = LOOPS if r % 2 == 0 else LOOPS[::-1]
+        round_options = [*data_options(osp.abspath(data_root)), f"randomness.seed={r}"] if seed_per_round else options
+        round_options += list(cfg_options) if seed_per_round else []
         for n in epochs:
             for loop in order:
                 work_dir = osp.abspath(osp.join(work_root, f"{r}_{loop}_{n}"))
-                res = measure(loop, config, work_dir, n, threads, options)
+                res = measure(loop, config, work_dir, n, threads, round_options)
                 runs[loop].append({"round": r, **res})
                 log(
                     f"round {r} {loop:9s} {n} epochs: {res['steps']} steps, {res['wall_s']:.1f} s wall, "
@@ -219,6 +241,8 @@ def compare(
         "epochs": list(epochs),
         "threads": threads,
         "rounds": rounds,
+        "seed_per_round": seed_per_round,
+        "warmup": warmups,
         "runs": runs,
         "per_step_s": per_step["wall_s"],
         "per_step_cpu_s": per_step["cpu_s"],

@@ -30,6 +30,17 @@ def add_cfg_options(parser: argparse.ArgumentParser, help: str = CFG_OPTIONS_HEL
     parser.add_argument("--cfg-options", nargs="+", action=DictAction, default={}, metavar="KEY=VALUE", help=help)
 
 
+def parse_cfg_options(options: list[str]) -> dict:
+    """``KEY=VALUE`` strings (as after ``--cfg-options`` on a command line) parsed the way the tools parse them.
+
+    Args:
+        options: the ``KEY=VALUE`` strings; empty gives ``{}``.
+    """
+    parser = argparse.ArgumentParser(prog="--cfg-options")
+    add_cfg_options(parser)
+    return parser.parse_args(["--cfg-options", *options] if options else []).cfg_options
+
+
 def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Config:
     """Read an mmengine config (``_base_`` / ``mmdet::`` inheritance, ``custom_imports``) and apply
     ``--cfg-options`` overrides (already parsed to literals by mmengine's ``DictAction``)."""

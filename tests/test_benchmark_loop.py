@@ -19,12 +19,25 @@ tiny_data = load_tool("make_tiny_data")
 def test_both_loops_train_and_the_report_adds_up(tmp_path):
     tiny_data.make_coco(tmp_path / "data", num_train=4, num_val=1, seed=0)
     out = tmp_path / "report.json"
-    argv = ["--data", str(tmp_path / "data" / "tiny_coco"), "--epochs", "1", "2", "--rounds", "1", "--threads", "1"]
+    argv = [
+        "--data",
+        str(tmp_path / "data" / "tiny_coco"),
+        "--epochs",
+        "1",
+        "2",
+        "--rounds",
+        "1",
+        "--threads",
+        "1",
+        "--warmup",
+        "0",
+    ]
     argv += ["--cfg-options", "trainer.log_every_n_steps=1"]  # one step per epoch here
     report = bench.main([*argv, "--work-dir", str(tmp_path / "runs"), "--json", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
 
     assert report["epochs"] == [1, 2] and report["rounds"] == 1 and report["threads"] == 1
+    assert report["warmup"] == []
     for loop in ("lightning", "runner"):
         short, long = report["runs"][loop]
         assert (short["epochs"], long["epochs"]) == (1, 2)

@@ -2,7 +2,8 @@
 """Our training loop (tools/train.py, Lightning) against mmengine's Runner on the same config and data.
 
     python tools/benchmark_loop.py [CONFIG] [--data data/tiny_coco] [--epochs 1 4] [--rounds 3]
-                                   [--threads N] [--cfg-options KEY=VALUE ...] [--work-dir DIR] [--json OUT]
+                                   [--warmup 1] [--same-seed] [--threads N] [--cfg-options KEY=VALUE ...]
+                                   [--work-dir DIR] [--json OUT]
 
 Trains CONFIG (default: the demo detection config) for a short and a long number of epochs under both
 loops, each run a whole process, the two loops alternating which goes first from round to round. Prints
@@ -32,6 +33,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", nargs=2, type=int, default=(1, 4), metavar=("SHORT", "LONG"), help="default 1 4")
     p.add_argument("--rounds", type=int, default=3, help="rounds of the four runs, default 3")
     p.add_argument(
+        "--same-seed",
+        action="store_true",
+        help="every round with the config's seed (default: round r with randomness.seed=r; see perf/loop.py)",
+    )
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured short runs of each loop first, default 1")
+    p.add_argument(
         "--threads",
         type=int,
         default=int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1),
@@ -49,8 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 < args.epochs[0] < args.epochs[1]:
         p.error(f"--epochs SHORT LONG needs 0 < SHORT < LONG, got {args.epochs[0]} {args.epochs[1]}")
-    if args.rounds < 1 or args.threads < 1:
-        p.error("--rounds and --threads must be at least 1")
+    if args.rounds < 1 or args.threads < 1 or args.warmup < 0:
+        p.error("--rounds and --threads must be at least 1, --warmup at least 0")
     if not osp.isdir(args.data):
         p.error(f"--data {args.data} does not exist; write the tiny data: `python tools/make_tiny_data.py --out data`")
     return args
@@ -67,6 +74,8 @@ def main(argv=None) -> dict:
             args.rounds,
             args.threads,
             cfg_options=args.cfg_options,
+            warmup=args.warmup,
+            seed_per_round=not args.same_seed,
         )
     for loop in LOOPS:
         peaks = [r["peak_gib"] for r in report["runs"][loop][1::2]]

@@ -18,9 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mmengine.config import DictAction
-
 from backbones.pretrained import CheckpointError
+from tasks.config import add_cfg_options
 from tasks.inference import InputError, run_inference
 
 
@@ -36,14 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--score-thr", type=float, default=0.3, help="draw detections above this score (all are in the JSON)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--cfg-options",
-        nargs="+",
-        action=DictAction,
-        default={},
-        metavar="KEY=VALUE",
-        help="override config keys, e.g. model.test_cfg.rcnn.score_thr=0.5 (values parsed as literals)",
-    )
+    add_cfg_options(parser, "override config keys, e.g. model.test_cfg.rcnn.score_thr=0.5 (values parsed as literals)")
     return parser.parse_args(argv)
 
 
