@@ -195,29 +195,27 @@ def compare(
         seed_per_round: round ``r`` trains both loops with ``randomness.seed=r`` (before ``cfg_options``, which
             may fix it). One seed gives both loops the same batches (mmengine's ``DefaultSampler`` and our
             ``ResumableSampler`` both shuffle by ``randperm(seed + epoch)``) but not the same random draws
-            (initial weights, flips, the RoI heads' samplers), and those change the work of a step: with
-            seed 0 in every round (the same draws each round), the mask head's transposed convolution, which
-            runs on the positive RoIs, took 17 % more time in our loop's run than in the Runner's (profiled).
-            Over several seeds that averages out, and the spread shows it.
+            (initial weights, flips, the RoI heads' samplers), and those change the work of a step (e.g. how
+            many positive RoIs the mask head runs on). With one seed every round repeats the same draws, so
+            they cannot show in the spread; a seed per round lets them.
         log: called with one line per finished run.
 
     Returns a report: every run, each loop's per-step wall and CPU time per round, and per round the ratios
     lightning / runner of the per-step wall time, per-step CPU time and peak memory (of the long runs).
     """
-    options = data_options(osp.abspath(data_root)) + list(cfg_options)
+    data = data_options(osp.abspath(data_root))
     runs: dict = {loop: [] for loop in LOOPS}
     warmups = []
     for w in range(warmup):
         for loop in LOOPS:
-            res = measure(
-                loop, config, osp.abspath(osp.join(work_root, f"warmup{w}_{loop}")), epochs[0], threads, options
-            )
+            work_dir = osp.abspath(osp.join(work_root, f"warmup{w}_{loop}"))
+            res = measure(loop, config, work_dir, epochs[0], threads, [*data, *cfg_options])
             warmups.append(res)
             log(f"warm-up {loop:9s} {epochs[0]} epochs: {res['wall_s']:.1f} s wall (not counted)")
     for r in range(rounds):
         order = LOOPS if r % 2 == 0 else LOOPS[::-1]
-        round_options = [*data_options(osp.abspath(data_root)), f"randomness.seed={r}"] if seed_per_round else options
-        round_options += list(cfg_options) if seed_per_round else []
+        seed = [f"randomness.seed={r}"] if seed_per_round else []
+        round_options = [*data, *seed, *cfg_options]
         for n in epochs:
             for loop in order:
                 work_dir = osp.abspath(osp.join(work_root, f"{r}_{loop}_{n}"))
