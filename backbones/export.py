@@ -1,6 +1,6 @@
 """A backbone's export formats: ``pth``, ``safetensors`` and the official classification layout, each with a
 meta (family, arch, provenance, sha256 of the tensors). Pure PyTorch: reading training checkpoints and configs
-to find the tensors is ``tasks/export.py``'s job (``tools/export_backbone.py`` is the command line).
+to find the tensors is ``tasks/deploy/export.py``'s job (``tools/export_backbone.py`` is the command line).
 
 Every file is written to a temp file in the target's directory, fsynced and ``os.replace``-d, and the same
 input always gives the same bytes (sorted keys, no timestamps, each tensor in its own storage).

@@ -254,7 +254,7 @@ def run_child(evaluator: str, ann_file: str, images: int, dets: int, batch: int,
 
     torch.set_num_threads(1)
     if evaluator == "ours":
-        from tasks.metrics import DetectionEvaluator
+        from tasks.evaluation.coco import DetectionEvaluator
 
         metric = DetectionEvaluator(with_masks=True, class_names=CLASSES)
         update, compute = metric.update, metric.compute
@@ -346,7 +346,7 @@ def run(
     ``mmap_threshold`` runs every child with glibc's fixed mmap threshold (``MALLOC_MMAP_THRESHOLD_``): large
     blocks are then always mapped apart from the heap, which keeps an evaluator that holds many small
     per-mask objects (mmdet's ``CocoMetric``) from fragmenting the heap between the freed mask stacks (see
-    ``tasks/metrics.py``). Ours needs no such setting; it is there to run the baseline at full size."""
+    ``tasks/evaluation/coco.py``). Ours needs no such setting; it is there to run the baseline at full size."""
     unknown = set(evaluators) - set(EVALUATORS)
     if unknown or not evaluators:
         raise ValueError(f"evaluators must be a non-empty subset of {EVALUATORS}, got {evaluators}")
@@ -394,18 +394,19 @@ def _gather_rank(rank: int, world: int, port: int, images: int, source: int, det
     import torch
     import torch.distributed as dist
 
-    from tasks.metrics import DetectionEvaluator, _pack, _unpack
+    from tasks.evaluation.coco import DetectionEvaluator
+    from tasks.evaluation.packed import pack, unpack
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     evaluator = DetectionEvaluator(with_masks=True, class_names=CLASSES)
     for start in range(rank * source, (rank + 1) * source):
         evaluator.update(make_samples(0, start, start + 1, dets))
-    records = [_unpack(entry, evaluator.blocks, True) for entry in evaluator.images]
+    records = [unpack(entry, evaluator.blocks, True) for entry in evaluator.images]
     evaluator.reset()
     for k in range(images // world):  # this rank's share: the generated images again, under new ids
         record = dict(records[k % len(records)], img_id=rank * images + k + 1)
-        _pack(evaluator.images, evaluator.blocks, record)
+        pack(evaluator.images, evaluator.blocks, record)
     del records
     state = sum(entry[3] - entry[2] for entry in evaluator.images) / 2**30
     dist.barrier()

@@ -7,7 +7,8 @@ give them, generated deterministically per image from ``(seed, index)``, batch b
 not timed; its memory, one batch, is the same in both runs).
 
 Each evaluator runs in its own child process (``python -m perf.eval_seg --child ours|mm``):
-``tasks.metrics.SegmentationEvaluator.update`` per batch then ``compute()``, or ``IoUMetric.process`` on the
+``tasks.evaluation.segmentation.SegmentationEvaluator.update`` per batch then ``compute()``, or
+``IoUMetric.process`` on the
 ``to_dict()`` of every sample (as mmengine's ``Evaluator`` feeds it) then ``evaluate``. The child reports its
 RSS at the start (after the first batch is generated), at the end of the update loop and its peak, and the
 update / compute times.
@@ -67,7 +68,7 @@ def run_evaluator(impl: str, images: int, batch: int, seed: int) -> dict:
     process; returns RSS (GiB) and times (s) and the metrics (fractions)."""
     classes = tuple(f"class{i}" for i in range(NUM_CLASSES))
     if impl == "ours":
-        from tasks.metrics import SegmentationEvaluator
+        from tasks.evaluation.segmentation import SegmentationEvaluator
 
         metric = SegmentationEvaluator(NUM_CLASSES, ignore_index=IGNORE, class_names=classes)
     else:

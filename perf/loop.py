@@ -93,7 +93,7 @@ def _train_lightning(config: str, work_dir: str, epochs: int, options: list[str]
     """``tools/train.py CONFIG --work-dir W --cfg-options ...`` as its command line runs it; returns a function
     that gives the optimizer steps done, read from the ``last.ckpt`` it wrote (called once the peak memory is
     taken: loading the checkpoint is the measurement's, not the loop's)."""
-    from tasks.checkpoint_io import load_checkpoint_safely
+    from tasks.training.checkpoint_io import load_checkpoint_safely
 
     argv = [config, "--work-dir", work_dir, "--cfg-options", *options, *lightning_options(epochs)]
     sys.argv = [str(ROOT / "tools" / "train.py"), *argv]

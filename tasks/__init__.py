@@ -21,13 +21,13 @@ def build_task(cfg: Config, init_weights: bool = True) -> tuple[L.LightningModul
         init_weights: run the model's ``init_weights()`` (pretrained backbone included); False when a
             checkpoint will overwrite every weight.
     """
-    from .data import MMDataModule
+    from .data.module import MMDataModule
 
     scope = cfg.get("default_scope")
     if scope == "mmdet":
-        from .detection import DetectionModule as Module
+        from .training.detection import DetectionModule as Module
     elif scope == "mmseg":
-        from .segmentation import SegmentationModule as Module
+        from .training.segmentation import SegmentationModule as Module
     else:
         raise ValueError(f"default_scope must be 'mmdet' or 'mmseg', got {scope!r}")
     return Module(cfg, init_weights=init_weights), MMDataModule(cfg, scope)

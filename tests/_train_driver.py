@@ -18,7 +18,7 @@ import time
 
 import lightning as L
 
-from tasks.restart import Preemption
+from tasks.training.restart import Preemption
 from tests._tools import load_tool
 
 

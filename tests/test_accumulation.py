@@ -1,6 +1,6 @@
-"""Gradient accumulation with the paper's semantics (tasks/trainer.py, tasks/optim.py): one optimizer step per N
-batches on the mean of their gradients, schedules and step counts in optimizer steps, and ``--auto-scale-lr``
-counting accumulation in the total batch."""
+"""Gradient accumulation with the paper's semantics (tasks/training/trainer.py, tasks/training/optim.py): one
+optimizer step per N batches on the mean of their gradients, schedules and step counts in optimizer steps, and
+``--auto-scale-lr`` counting accumulation in the total batch."""
 
 import copy
 import logging
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tasks.config import load_config
-from tasks.optim import build_schedulers
-from tasks.trainer import trainer_kwargs
+from tasks.training.optim import build_schedulers
+from tasks.training.trainer import trainer_kwargs
 from tests._runs import seg_opts
 from tests._tools import SEG_CFG, load_tool
 

@@ -1,4 +1,4 @@
-"""The training-state callbacks of tasks/callbacks.py on a real Lightning Trainer: RNG states saved in the
+"""The training-state callbacks of tasks/training/callbacks.py on a real Lightning Trainer: RNG states saved in the
 checkpoint's callback entry (and read from the top-level key older checkpoints used) and restored on resume,
 the refusal to write non-finite weights, and which callbacks ``build_trainer`` adds."""
 
@@ -12,8 +12,8 @@ from mmengine.config import Config
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tasks.callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
-from tasks.trainer import build_trainer
+from tasks.training.callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
+from tasks.training.trainer import build_trainer
 
 
 class TinyRegression(L.LightningModule):

@@ -232,7 +232,7 @@ def test_two_nodes_ranks_shards_lr_and_weights_equal_one_node(data_opts, referen
 
 
 def test_resume_values_and_requeue_signal_names(tmp_path, monkeypatch, caplog):
-    from tasks.restart import resume_checkpoint, signal_number, slurm_job_id
+    from tasks.training.restart import resume_checkpoint, signal_number, slurm_job_id
 
     with caplog.at_level("INFO"):
         assert resume_checkpoint("auto", str(tmp_path)) is None

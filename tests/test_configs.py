@@ -186,7 +186,7 @@ def test_config_contents(path):
     # AMP for STViT detection (as Swin's detection code), fp32 elsewhere (Swin / PVT segmentation, PVT)
     assert trainer.precision == ("16-mixed" if family == "stvit" and not is_seg(cfg) else "32-true")
     # Synchronised BN wherever there is BatchNorm: STViT's own, and the heads whose mm norm_cfg is
-    # SyncBN (tasks/base.py reverts mm SyncBN to BN and leaves synchronisation to Lightning).
+    # SyncBN (tasks/training/module.py reverts mm SyncBN to BN and leaves synchronisation to Lightning).
     # HAT-Net has only GroupNorms, Mask R-CNN / RetinaNet heads no norms.
     assert trainer.sync_batchnorm is (family == "stvit" or "SyncBN" in str(cfg.model))
 
@@ -226,10 +226,10 @@ def test_lightning_kwargs(path):
 
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=_id)
 def test_task_trainer_and_schedules(path):
-    """The training tools accept the sections: tasks/trainer.py resolves the trainer kwargs and
-    tasks/optim.py builds every param_scheduler entry over the run length."""
-    from tasks.optim import build_schedulers
-    from tasks.trainer import trainer_kwargs
+    """The training tools accept the sections: tasks/training/trainer.py resolves the trainer kwargs and
+    tasks/training/optim.py builds every param_scheduler entry over the run length."""
+    from tasks.training.optim import build_schedulers
+    from tasks.training.trainer import trainer_kwargs
 
     cfg = load(path)
     kwargs = trainer_kwargs(cfg)

@@ -10,7 +10,7 @@ from mmengine.structures import PixelData
 from mmseg.structures import SegDataSample
 
 from perf import eval_path, eval_seg
-from tasks.metrics import SegmentationEvaluator
+from tasks.evaluation.segmentation import SegmentationEvaluator
 
 MIB = 1 / 1024  # GiB
 

@@ -1,4 +1,4 @@
-"""Backbone and model export (tools/export_backbone.py, tools/export_model.py, tasks/export.py,
+"""Backbone and model export (tools/export_backbone.py, tools/export_model.py, tasks/deploy/export.py,
 backbones/export.py), end to end on CPU: train two steps on the tiny data, export in every format, load the
 exports back through ``init_cfg=dict(type='Pretrained')``, an official-layout stand-in model, mmdet's
 ``init_detector`` and mmseg's ``init_model``, and check the errors that name the problem."""
@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from backbones import CheckpointError, HATNet, STViT, load_pretrained
 from backbones.export import ExportError, read_export, tensor_sha256, verify_export
-from tasks.export import export_backbone
+from tasks.deploy.export import export_backbone
 from tests._tools import DET_CFG, GOLDEN_CASES, flat_metrics, load_tool
 
 EYE = torch.eye(9).reshape(9, 1, 3, 3)
@@ -239,7 +239,7 @@ def test_export_model_loads_in_init_detector_and_predicts_the_same(det_run, tmp_
         assert all(f.is_contiguous() for f in feats), (
             "the backbone returns channels_last feature maps; mmcv's RoIAlign reads them wrongly, so a detector "
             "built by mmdet itself (init_detector / DetInferencer / mmdet's Runner) predicts differently from "
-            "the Lightning module (tasks/detection.py works around it with a forward hook)"
+            "the Lightning module (tasks/training/detection.py works around it with a forward hook)"
         )
         _assert_same_det(detector.test_step(batch), module._predict(batch))
         # mmdet's high-level API on an image file runs too, with the same result

@@ -1,4 +1,4 @@
-"""tools/infer.py and tasks/inference.py on the tiny data: predictions from a Lightning checkpoint equal mmdet's
+"""tools/infer.py and tasks/deploy/inference.py on the tiny data: predictions from a Lightning checkpoint equal mmdet's
 DetInferencer / mmseg's MMSegInferencer on the model exported by tools/export_model.py; a folder of held-out images
 gives one overlay and one JSON per image; bad inputs and checkpoints that do not fit are refused by name."""
 
@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from backbones.pretrained import CheckpointError
-from tasks.export import export_backbone, export_model
-from tasks.inference import InputError, build_inferencer, find_images
+from tasks.deploy.export import export_backbone, export_model
+from tasks.deploy.inference import InputError, build_inferencer, find_images
 from tests._tools import load_tool
 
 infer_tool = load_tool("infer")

@@ -1,4 +1,4 @@
-"""tasks.metrics against the real mmdet ``CocoMetric`` / mmseg ``IoUMetric`` on random-ish data."""
+"""tasks.evaluation.coco against the real mmdet ``CocoMetric`` / mmseg ``IoUMetric`` on random-ish data."""
 
 import contextlib
 import copy
@@ -16,7 +16,8 @@ import torch.distributed as dist
 from pycocotools import mask as mask_utils
 
 from perf.coco_eval import run_coco_metric, run_in_child
-from tasks.metrics import DetectionEvaluator, SegmentationEvaluator
+from tasks.evaluation.coco import DetectionEvaluator
+from tasks.evaluation.segmentation import SegmentationEvaluator
 from tests._tools import flat_metrics
 
 CLASSES = ("person", "car", "dog", "cat")  # 'cat' is predicted (false positives) but never in the ground truth

@@ -1,10 +1,10 @@
-"""The nonfinite_loss policy as a unit (tasks/nonfinite.py); the Lightning runs are in test_reliability.py."""
+"""The nonfinite_loss policy as a unit (tasks/training/nonfinite.py); the Lightning runs are in test_reliability.py."""
 
 import pytest
 import torch
 from torch import nn
 
-from tasks.nonfinite import NonFiniteLossPolicy
+from tasks.training.nonfinite import NonFiniteLossPolicy
 
 
 def _model():

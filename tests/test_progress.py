@@ -6,7 +6,7 @@ import pytest
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from tasks.progress import StepRichProgressBar, StepTQDMProgressBar
+from tasks.training.progress import StepRichProgressBar, StepTQDMProgressBar
 from tests._tools import SEG_CFG, load_tool
 
 

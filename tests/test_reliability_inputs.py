@@ -42,14 +42,14 @@ class SlowToPickle:
         return (int, ())
 
 if which == 'ckpt_streaming':
-    from tasks.checkpoint_io import AtomicCheckpointIO
+    from tasks.training.checkpoint_io import AtomicCheckpointIO
     AtomicCheckpointIO().save_checkpoint({{'w': torch.full((100000,), 2.0), 'slow': SlowToPickle()}}, path)
 sys.setprofile(stop_at_rename)
 if which == 'ckpt':
-    from tasks.checkpoint_io import AtomicCheckpointIO
+    from tasks.training.checkpoint_io import AtomicCheckpointIO
     AtomicCheckpointIO().save_checkpoint({{'w': torch.full((100000,), 2.0)}}, path)
 elif which == 'metrics':
-    from backbones.atomic import write_json  # what tasks.checkpoint_io re-exports, without Lightning's import
+    from backbones.atomic import write_json  # what tasks.training.checkpoint_io re-exports, without Lightning's import
     write_json(path, {{'mIoU': 0.2}})
 elif which == 'export':
     from backbones.export import save_torch
@@ -59,12 +59,12 @@ elif which == 'export':
 
 def _write_v1(which, path):
     if which.startswith("ckpt"):
-        from tasks.checkpoint_io import AtomicCheckpointIO
+        from tasks.training.checkpoint_io import AtomicCheckpointIO
 
         AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, path)
     elif which == "metrics":
         from backbones import atomic
-        from tasks.checkpoint_io import write_json
+        from tasks.training.checkpoint_io import write_json
 
         assert write_json is atomic.write_json  # the killed writer imports it from backbones.atomic
         write_json(path, {"mIoU": 0.1})
@@ -121,22 +121,23 @@ def coco(tmp_path):
 
 
 def _datamodule(cfg_path, root, scope):
+    from tasks.data.module.module import MMDataModule
+
     from tasks.config import load_config
-    from tasks.data import MMDataModule
 
     opts = {f"{s}_dataloader.dataset.data_root": f"{root}/" for s in ("train", "val", "test")}
     return MMDataModule(load_config(cfg_path, opts), scope)
 
 
 def _all_samples(dm, split):
-    from tasks.data_checks import CheckedDataset
+    from tasks.data.module.checks import CheckedDataset
 
     ds = CheckedDataset(dm.dataset(split), split)
     return [ds[i] for i in range(len(ds))]
 
 
 def test_missing_image_names_the_file(coco):
-    from tasks.data_checks import DataError
+    from tasks.data.module.checks import DataError
 
     ann = json.loads((coco / "annotations" / "instances_train2017.json").read_text())
     with_objects = {a["image_id"] for a in ann["annotations"]}
@@ -148,7 +149,7 @@ def test_missing_image_names_the_file(coco):
 
 
 def test_truncated_jpeg_names_the_file(ade):
-    from tasks.data_checks import DataError
+    from tasks.data.module.checks import DataError
 
     victim = sorted((ade / "images" / "training").iterdir())[0]
     victim.write_bytes(victim.read_bytes()[:2000])
@@ -157,7 +158,7 @@ def test_truncated_jpeg_names_the_file(ade):
 
 
 def test_unreadable_image_names_the_file(ade):
-    from tasks.data_checks import DataError
+    from tasks.data.module.checks import DataError
 
     victim = sorted((ade / "images" / "validation").iterdir())[0]
     victim.write_bytes(b"not an image at all")
@@ -166,7 +167,7 @@ def test_unreadable_image_names_the_file(ade):
 
 
 def test_segmentation_label_above_num_classes_is_an_error(ade):
-    from tasks.data_checks import DataError
+    from tasks.data.module.checks import DataError
 
     victim = sorted((ade / "annotations" / "validation").iterdir())[0]
     seg = np.array(Image.open(victim))
@@ -199,7 +200,7 @@ def test_grayscale_rgba_16bit_png_load_as_8bit_bgr(kind, tmp_path):
 
 
 def test_coco_unknown_category_id_is_an_error(coco):
-    from tasks.data_checks import DataError
+    from tasks.data.module.checks import DataError
 
     ann_file = coco / "annotations" / "instances_train2017.json"
     data = json.loads(ann_file.read_text())
@@ -227,9 +228,10 @@ def test_coco_without_any_config_class_names_classes_file_and_override(coco, tmp
     "need at least one array to concatenate"); the error comes at dataset build, and its override works."""
     import shlex
 
+    from tasks.data.module.checks import DataError
+    from tasks.data.module.module import MMDataModule
+
     from tasks.config import load_config
-    from tasks.data import MMDataModule
-    from tasks.data_checks import DataError
 
     _rename_categories(coco, ("cube", "ball", "cone"))
     ann_file = coco / "annotations" / "instances_train2017.json"
@@ -271,7 +273,7 @@ def test_coco_without_any_config_class_names_classes_file_and_override(coco, tmp
 
 def test_coco_images_without_objects_are_skipped_and_logged(coco, caplog):
     n_images = len(json.loads((coco / "annotations" / "instances_train2017.json").read_text())["images"])
-    with caplog.at_level(logging.WARNING, logger="tasks.data"):
+    with caplog.at_level(logging.WARNING, logger="tasks.data.module"):
         ds = _datamodule(DET_CFG, coco, "mmdet").dataset("train")
     assert len(ds) == n_images - 1  # make_tiny_data writes one image without objects per 12
     assert f"1 of {n_images} images" in caplog.text and "filter_empty_gt" in caplog.text
@@ -288,7 +290,7 @@ def test_misspelt_backbone_type_suggests_the_registered_name():
 
 def test_unknown_trainer_key_lists_valid_ones():
     from tasks.config import load_config
-    from tasks.trainer import trainer_kwargs
+    from tasks.training.trainer import trainer_kwargs
 
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_epoch'\]. Valid keys: .*max_epochs"):
         trainer_kwargs(load_config(SEG_CFG, {"trainer.max_epoch": 3}))
@@ -296,7 +298,7 @@ def test_unknown_trainer_key_lists_valid_ones():
 
 def test_cfg_options_are_literals_never_code(tmp_path):
     from tasks.config import load_config
-    from tasks.trainer import trainer_kwargs
+    from tasks.training.trainer import trainer_kwargs
 
     marker = tmp_path / "pwned"
     code = f'__import__("os").system("touch {marker}")'
@@ -335,7 +337,7 @@ def evil(tmp_path):
 
 def test_evil_checkpoint_refused_by_checkpoint_io_and_test_tool(evil, tmp_path):
     from backbones.pretrained import CheckpointError
-    from tasks.checkpoint_io import AtomicCheckpointIO
+    from tasks.training.checkpoint_io import AtomicCheckpointIO
 
     path, marker = evil
     with pytest.raises(CheckpointError, match=r"Refusing to load.*posix\.system"):
@@ -373,7 +375,7 @@ def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
     from backbones.pretrained import CheckpointError
     from tasks import build_task
     from tasks.config import load_config
-    from tasks.export import export_backbone
+    from tasks.deploy.export import export_backbone
 
     path, marker = evil
     cfg = load_config(SEG_CFG)

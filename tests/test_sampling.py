@@ -1,4 +1,4 @@
-"""The train loader's batching (tasks/sampling.py): the config's mm ``batch_sampler`` (mmdet's
+"""The train loader's batching (tasks/data/sampling.py): the config's mm ``batch_sampler`` (mmdet's
 AspectRatioBatchSampler in every COCO config) around the resumable, per-rank sampler.
 
 Real mmdet datasets, samplers and pipelines on tiny synthetic COCO data with both orientations.
@@ -26,8 +26,9 @@ def coco(tmp_path_factory):
 
 
 def datamodule(root, cfg_path=PAPER_CFG, **extra):
+    from tasks.data.module.module import MMDataModule
+
     from tasks.config import load_config
-    from tasks.data import MMDataModule
 
     opts = {}
     for s in ("train", "val", "test"):
@@ -111,7 +112,7 @@ def test_same_batches_as_mmengine_default_sampler_with_mmdet_batch_sampler(coco)
 
 @pytest.mark.parametrize("batch_size", [2, 3])
 def test_two_ranks_group_their_own_shard_and_cover_the_epoch(coco, batch_size):
-    from tasks.sampling import ResumableBatchSampler, ResumableSampler, build_batch_sampler
+    from tasks.data.module.sampling import ResumableBatchSampler, ResumableSampler, build_batch_sampler
 
     dataset = datamodule(coco).dataset("train")
     make = build_batch_sampler(dict(type="AspectRatioBatchSampler"), batch_size, drop_last=False)
@@ -135,7 +136,7 @@ def test_two_ranks_group_their_own_shard_and_cover_the_epoch(coco, batch_size):
 
 
 def test_sample_seeds_and_mid_epoch_skip(coco):
-    from tasks.sampling import sample_seed
+    from tasks.data.module.sampling import sample_seed
 
     loader = datamodule(coco, **{"randomness.seed": 3}).train_dataloader()
     batches = loader.batch_sampler
@@ -171,7 +172,7 @@ def test_lightning_sets_the_epoch_and_keeps_the_batch_sampler(coco):
     is off, which the trainer kwargs ensure (every loader shards itself)."""
     from lightning.fabric.utilities.data import _set_sampler_epoch
 
-    from tasks.trainer import trainer_kwargs
+    from tasks.training.trainer import trainer_kwargs
 
     dm = datamodule(coco)
     loader = dm.train_dataloader()

@@ -16,7 +16,7 @@ from PIL import Image
 
 from tasks import build_task
 from tasks.config import register_scope
-from tasks.tta import enable_tta
+from tasks.evaluation.tta import enable_tta
 from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, load_cfg, load_tool, random_checkpoint
 
 SLIDE = ["model.test_cfg.mode=slide", "model.test_cfg.crop_size=(64,64)", "model.test_cfg.stride=(43,43)"]

@@ -1,4 +1,4 @@
-"""tools/make_tiny_data.py and tasks/tiny_data.py: COCO / ADE20K layouts, annotation consistency, determinism, mm
+"""tools/make_tiny_data.py and tasks/data/tiny.py: COCO / ADE20K layouts, annotation consistency, determinism, mm
 loaders."""
 
 import json

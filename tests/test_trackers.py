@@ -1,5 +1,5 @@
-"""Experiment trackers from the config's ``loggers`` section (tasks/trackers.py): one tiny real training logs to
-TensorBoard, an offline W&B run and an MLflow file store, and each holds the run's metrics, hyper-parameters and
+"""Experiment trackers from the config's ``loggers`` section (tasks/training/trackers.py): one tiny real training
+logs to TensorBoard, an offline W&B run and an MLflow file store, and each holds the run's metrics, hyper-parameters and
 config text; bad sections are refused with the valid choices."""
 
 import csv
@@ -12,7 +12,7 @@ import sys
 import pytest
 from mmengine.config import Config
 
-from tasks.trackers import build_loggers, flat_params
+from tasks.training.trackers import build_loggers, flat_params
 from tests._tools import SEG_CFG, load_tool
 
 train_tool, tiny_data = load_tool("train"), load_tool("make_tiny_data")

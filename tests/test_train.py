@@ -40,7 +40,7 @@ def test_train_writes_metrics_checkpoint_and_resumes(det_run, copy_run):
     assert ckpt["global_step"] == 2
     # LinearLR (by_epoch=False) stepped after each optimizer step, MultiStepLR after the epoch
     assert [s["_global_step"] for s in ckpt["lr_schedulers"]] == [2, 1]
-    # the RNG states of tasks/callbacks.py's RNGStates, saved by Lightning with the callback states
+    # the RNG states of tasks/training/callbacks.py's RNGStates, saved by Lightning with the callback states
     (rng,) = ckpt["callbacks"]["RNGStates"]["per_rank"]
     assert {"torch", "python", "numpy"} <= set(rng) and rng["torch"].dtype == torch.uint8
     assert [p for p in os.listdir(work_dir) if p.endswith(".tmp")] == []  # no temp files left behind
@@ -163,7 +163,7 @@ def test_trainer_section_validated_and_mapped():
     from lightning.pytorch.strategies import DDPStrategy
 
     from tasks.config import load_config
-    from tasks.trainer import trainer_kwargs
+    from tasks.training.trainer import trainer_kwargs
 
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_epoch'\].*max_epochs"):
         trainer_kwargs(load_config(SEG_CFG, {"trainer.max_epoch": 3}))
@@ -176,7 +176,7 @@ def test_trainer_section_validated_and_mapped():
 def test_paramwise_no_decay_and_preprocessor_device(tiny_data):
     from tasks import build_task
     from tasks.config import load_config
-    from tasks.optim import build_optimizer
+    from tasks.training.optim import build_optimizer
 
     cfg = load_config(DET_CFG, {"train_dataloader.dataset.data_root": f"{tiny_data}/tiny_coco/"})
     module, datamodule = build_task(cfg, init_weights=False)
@@ -202,7 +202,7 @@ def test_paramwise_no_decay_and_preprocessor_device(tiny_data):
 
 
 def test_checkpoint_write_is_atomic(tmp_path):
-    from tasks.checkpoint_io import AtomicCheckpointIO
+    from tasks.training.checkpoint_io import AtomicCheckpointIO
 
     class Unpicklable:
         def __reduce__(self):

@@ -283,8 +283,8 @@ def test_tool_draws_hatnet_attention_from_a_lightning_checkpoint(seg_run, pictur
 
 
 def test_the_input_is_the_test_pipelines_and_maps_go_back_to_original_pixels(picture):
-    from tasks.attention_figures import map_pixel, to_image
     from tasks.config import load_config, register_scope
+    from tasks.figures.attention import map_pixel, to_image
 
     cfg = load_config(DET_CFG)
     register_scope(cfg.default_scope)

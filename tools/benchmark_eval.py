@@ -6,7 +6,7 @@
 
 A val2017-like set (``perf.coco_eval``: 640x480-ish images, about 7 polygon objects of 80 classes each, some
 crowd regions, ``--dets`` bool mask predictions at image size per image, seeded). Each evaluator runs in its
-own child process, fed the same samples batch by batch: ``tasks.metrics.DetectionEvaluator`` with per-class
+own child process, fed the same samples batch by batch: ``tasks.evaluation.coco.DetectionEvaluator`` with per-class
 results, and ``CocoMetric(metric=['bbox', 'segm'], classwise=True)`` fed as mmengine's Evaluator feeds it.
 Sample generation is not timed. The children alternate (ours, mmdet, then mmdet, ours, ...) for ``--repeats``
 rounds; the ratio ours / mmdet is taken per round.

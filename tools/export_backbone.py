@@ -28,7 +28,7 @@ import sys
 
 from backbones.export import FORMATS, ExportError
 from backbones.pretrained import CheckpointError
-from tasks.export import export_backbone
+from tasks.deploy.export import export_backbone
 
 
 def parse_args(argv=None) -> argparse.Namespace:

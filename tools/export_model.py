@@ -18,7 +18,7 @@ import sys
 
 from backbones.export import ExportError
 from backbones.pretrained import CheckpointError
-from tasks.export import export_model
+from tasks.deploy.export import export_model
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -20,7 +20,7 @@ import sys
 
 from backbones.pretrained import CheckpointError
 from tasks.config import add_cfg_options
-from tasks.inference import InputError, run_inference
+from tasks.deploy.inference import InputError, run_inference
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from tasks.tiny_data import make_ade20k, make_coco
+from tasks.data.module.tiny import make_ade20k, make_coco
 
 
 def main(argv=None):

@@ -15,7 +15,7 @@ softmax averaged; mmdet ``DetTTAModel``: boxes merged by NMS, box-only detectors
 ``tta_pipeline``. Sliding-window inference (mmseg) is a config setting:
 ``--cfg-options model.test_cfg.mode=slide 'model.test_cfg.crop_size=(512,512)' 'model.test_cfg.stride=(341,341)'``.
 
-``--out-dir DIR``: test-server submission files (tasks/submission.py): ``DIR/results.bbox.json`` and
+``--out-dir DIR``: test-server submission files (tasks/deploy/submission.py): ``DIR/results.bbox.json`` and
 ``DIR/results.segm.json`` (COCO results format), or one label PNG per image (ADE20K). ``--format-only``
 writes only these, without metrics, and loads no ground truth (the test pipeline's ``LoadAnnotations`` steps are
 left out, and so is an annotation directory): COCO's ``image_info_test-dev2017.json``, or ADE20K's test images
@@ -27,15 +27,16 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
+from tasks.data.module.module import without_annotation_loading
+
 from tasks import build_task
-from tasks.checkpoint_io import write_json
 from tasks.config import add_cfg_options, default_work_dir, load_config
-from tasks.data import without_annotation_loading
-from tasks.export import read_training_checkpoint
-from tasks.submission import SubmissionWriter
-from tasks.trainer import build_trainer, releasing_process_group
-from tasks.tta import enable_tta
-from tasks.visualize import PredictionWriter
+from tasks.deploy.checkpoints import read_training_checkpoint
+from tasks.deploy.submission import SubmissionWriter
+from tasks.evaluation.tta import enable_tta
+from tasks.figures.predictions import PredictionWriter
+from tasks.training.checkpoint_io import write_json
+from tasks.training.trainer import build_trainer, releasing_process_group
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -7,16 +7,16 @@ Devices, nodes, strategy, precision... come from the config's ``trainer = dict(.
 kwargs), overridable like any key: ``--cfg-options trainer.devices=4 trainer.strategy=ddp``.
 The work dir (default ``work_dirs/<config stem>``) receives the resolved config, ``last.ckpt``, the best
 checkpoint when ``checkpoint_callback.monitor`` is set, CSV / TensorBoard logs (or the trackers of the config's
-``loggers`` section, see tasks/trackers.py and docs/training.md) and, at the end, ``metrics.json`` (the last
+``loggers`` section, see tasks/training/trackers.py and docs/training.md) and, at the end, ``metrics.json`` (the last
 validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``;
 ``--resume auto`` does when it exists and starts fresh otherwise (what a requeued or restarted job runs).
-``--auto-scale-lr`` scales the lr to the real total batch size (see tasks/optim.py and docs/training.md).
+``--auto-scale-lr`` scales the lr to the real total batch size (see tasks/training/optim.py and docs/training.md).
 
 On SIGUSR1 (the config's ``requeue_signal``) or SIGTERM, training stops at the next optimizer step with a
-checkpoint, a SLURM job is requeued, and the process exits with status 75 (tasks/restart.py).
+checkpoint, a SLURM job is requeued, and the process exits with status 75 (tasks/training/restart.py).
 
 A process that fails prints ``rank R failed: <error>`` and exits with status 1; under Lightning's DDP
-launcher the other ranks are then killed (see tasks/trainer.py for the process-group timeout).
+launcher the other ranks are then killed (see tasks/training/trainer.py for the process-group timeout).
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from mmengine.logging import MMLogger
 
 from backbones.atomic import write_text
 from tasks import build_task
-from tasks.checkpoint_io import write_json
 from tasks.config import add_cfg_options, config_text, default_work_dir, load_config
-from tasks.optim import enable_auto_scale_lr
-from tasks.restart import resume_checkpoint
-from tasks.trackers import finish_tracking
-from tasks.trainer import build_trainer, releasing_process_group
+from tasks.training.checkpoint_io import write_json
+from tasks.training.optim import enable_auto_scale_lr
+from tasks.training.restart import resume_checkpoint
+from tasks.training.trackers import finish_tracking
+from tasks.training.trainer import build_trainer, releasing_process_group
 
 
 def parse_args(argv=None) -> argparse.Namespace:

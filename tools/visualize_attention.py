@@ -34,8 +34,8 @@ import torch
 
 from backbones import CheckpointError, load_pretrained
 from backbones.attention_maps import last_blocks, record_attention
-from tasks.attention_figures import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
 from tasks.config import add_cfg_options, build_from_registry, load_config, register_scope
+from tasks.figures.attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
 
 BACKBONE_TYPES = ("STViT", "HATNet")
 

@@ -57,7 +57,7 @@ val_dataloader = dict(
     dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline),
 )
 test_dataloader = val_dataloader
-val_evaluator = None  # evaluation is tasks/metrics.py (torchmetrics), not mmdet's CocoMetric
+val_evaluator = None  # evaluation is tasks/evaluation/coco.py (torchmetrics), not mmdet's CocoMetric
 test_evaluator = None
 
 optim_wrapper = dict(
@@ -87,8 +87,9 @@ trainer = dict(
     log_every_n_steps=4,
 )
 checkpoint_callback = dict(monitor="bbox_mAP", mode="max")
-randomness = dict(seed=0)  # data order and augmentation are a function of (seed, epoch): tasks/data.py
-# Reliability (tasks/trainer.py, tasks/base.py): write last.ckpt every N optimizer steps for an exact mid-epoch
-# --resume, and 'raise' (stop, naming the step and loss terms) or 'skip' steps whose loss is NaN / inf.
+randomness = dict(seed=0)  # data order and augmentation are a function of (seed, epoch): tasks/data/module.py
+# Reliability (tasks/training/trainer.py, tasks/training/module.py): write last.ckpt every N optimizer steps
+# for an exact mid-epoch --resume, and 'raise' (stop, naming the step and loss terms) or 'skip' steps whose
+# loss is NaN / inf.
 checkpoint_every_n_steps = None
 nonfinite_loss = "raise"

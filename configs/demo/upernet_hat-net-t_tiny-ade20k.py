@@ -67,7 +67,7 @@ val_dataloader = dict(
     batch_size=1, num_workers=0, persistent_workers=False, dataset=dict(data_root=data_root, pipeline=test_pipeline)
 )
 test_dataloader = val_dataloader
-val_evaluator = None  # evaluation is tasks/metrics.py (torchmetrics), not mmseg's IoUMetric
+val_evaluator = None  # evaluation is tasks/evaluation/coco.py (torchmetrics), not mmseg's IoUMetric
 test_evaluator = None
 
 optim_wrapper = dict(
@@ -99,8 +99,9 @@ trainer = dict(
     log_every_n_steps=10,
 )
 checkpoint_callback = dict(monitor="mIoU", mode="max")
-randomness = dict(seed=0)  # data order and augmentation are a function of (seed, epoch): tasks/data.py
-# Reliability (tasks/trainer.py, tasks/base.py): write last.ckpt every N optimizer steps for an exact mid-epoch
-# --resume, and 'raise' (stop, naming the step and loss terms) or 'skip' steps whose loss is NaN / inf.
+randomness = dict(seed=0)  # data order and augmentation are a function of (seed, epoch): tasks/data/module.py
+# Reliability (tasks/training/trainer.py, tasks/training/module.py): write last.ckpt every N optimizer steps
+# for an exact mid-epoch --resume, and 'raise' (stop, naming the step and loss terms) or 'skip' steps whose
+# loss is NaN / inf.
 checkpoint_every_n_steps = None
 nonfinite_loss = "raise"

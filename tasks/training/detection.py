@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from mmengine.registry import Registry
 
-from .base import MMTaskModule
-from .metrics import DetectionEvaluator
+from ..evaluation.coco import DetectionEvaluator
+from .module import MMTaskModule
 
 
 class DetectionModule(MMTaskModule):

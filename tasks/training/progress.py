@@ -1,7 +1,7 @@
 """The training progress bar of an iteration-based run counts optimizer steps against ``max_steps``.
 
 mm's ``IterBasedTrainLoop`` (the ADE20K configs, the segmentation demo) becomes ``max_steps=N,
-max_epochs=-1`` in Lightning (tasks/trainer.py): an endless epoch loop stopped by the step count. Lightning's
+max_epochs=-1`` in Lightning (tasks/training/trainer.py): an endless epoch loop stopped by the step count. Lightning's
 bars count the batches of the current epoch and, for Rich, print ``Epoch 24/-2``. The bars here are
 Lightning's own (Rich where ``rich`` is installed, as Lightning chooses, else TQDM) with one change: the train
 bar shows ``Iter`` and ``global_step/max_steps`` (e.g. ``1200/160000``) across epochs, resumed runs included.

@@ -4,7 +4,7 @@ Datasets and their pipelines are built by the library (``DATASETS.build``) and b
 ``pseudo_collate`` dicts. Only ``batch_size``, ``num_workers``, ``persistent_workers``, ``pin_memory``,
 ``drop_last``, ``sampler.shuffle`` and, for training, ``batch_sampler`` are read from each section.
 
-Training data order and augmentation are pure functions of (``randomness.seed``, epoch), see tasks/sampling.py:
+Training data order and augmentation are pure functions of (``randomness.seed``, epoch), see tasks/data/sampling.py:
 the train sampler (``ResumableSampler``, a ``DistributedSampler`` also in one process) shuffles with
 ``seed + epoch``, each rank takes its own shard, the section's ``batch_sampler`` (e.g. mmdet's
 ``AspectRatioBatchSampler``: images with width < height batched apart from the others) groups that shard, and
@@ -13,9 +13,9 @@ such as RandomFlip / RandomResize / RandomCrop) are reseeded before its pipeline
 stateful (``state_dict`` / ``load_state_dict``, saved by Lightning in every checkpoint): resuming a
 checkpoint written mid-epoch skips the batches already trained on, so an interrupted and resumed run sees
 exactly the batches of an uninterrupted one (independently of ``num_workers``). Every loader makes its own
-distributed sampler, so the trainer is built with ``use_distributed_sampler=False`` (tasks/trainer.py).
+distributed sampler, so the trainer is built with ``use_distributed_sampler=False`` (tasks/training/trainer.py).
 
-Every dataset is built and checked by tasks/data_checks.py (paths before building, COCO annotation files
+Every dataset is built and checked by tasks/data/checks.py (paths before building, COCO annotation files
 while mmdet reads them, every sample's files and labels as it is loaded: errors name the file).
 """
 
@@ -28,15 +28,9 @@ from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
 from torch.utils.data import DataLoader, Dataset
 
-from .config import register_scope
-from .data_checks import CheckedDataset, build_dataset, check_dataset_paths
-from .sampling import (
-    ResumableBatchSampler,
-    ResumableDataLoader,
-    ResumableSampler,
-    SeededDataset,
-    build_batch_sampler,
-)
+from ..config import register_scope
+from .checks import CheckedDataset, build_dataset, check_dataset_paths
+from .sampling import ResumableBatchSampler, ResumableDataLoader, ResumableSampler, SeededDataset, build_batch_sampler
 
 SPLITS = ("train", "val", "test")
 

@@ -1,8 +1,8 @@
-"""Cross-cutting training state as Lightning callbacks (``tasks/trainer.py``'s ``build_trainer`` adds them).
+"""Cross-cutting training state as Lightning callbacks (``tasks/training/trainer.py``'s ``build_trainer`` adds them).
 
 * ``RNGStates``: every rank's torch / numpy / ``random`` (and CUDA) RNG states go into the checkpoint
   (``checkpoint['callbacks']['RNGStates']``, Lightning saves a callback's ``state_dict``) and are restored
-  when training resumes, so that with the resumable train loader (tasks/data.py) a resumed run repeats an
+  when training resumes, so that with the resumable train loader (tasks/data/module.py) a resumed run repeats an
   uninterrupted one bit for bit.
 * ``SyncBuffers``: averages BatchNorm running statistics over the DDP ranks before each evaluation.
 * ``FiniteWeightsGuard``: refuses to write a checkpoint from non-finite weights.
@@ -90,7 +90,7 @@ class SyncBuffers(L.Callback):
     """Averages the model's floating-point buffers (BatchNorm running statistics) over the DDP ranks before
     each validation and test epoch, as mmengine's ``SyncBuffersHook`` does.
 
-    Under DDP with ``broadcast_buffers=False`` (tasks/trainer.py, as in mmengine) the statistics stay per rank;
+    Under DDP with ``broadcast_buffers=False`` (tasks/training/trainer.py, as in mmengine) the statistics stay per rank;
     after this, every rank evaluates, and the checkpoint written after validation holds, the same model.
     Integer buffers (``num_batches_tracked``, equal on all ranks anyway) are taken from rank 0.
     """

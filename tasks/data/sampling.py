@@ -64,7 +64,7 @@ def build_batch_sampler(spec: dict | None, batch_size: int, drop_last: bool) -> 
         return lambda sampler: BatchSampler(sampler, batch_size, drop_last)
     from mmengine.registry import DATA_SAMPLERS  # the default scope routes to mmdet's registry
 
-    from .config import build_from_registry
+    from ..config import build_from_registry
 
     def build(sampler):
         cfg = dict(spec)

@@ -1,4 +1,4 @@
-"""torchmetrics-based evaluators fed with mmdet / mmseg data samples.
+"""COCO box / mask mAP as a torchmetrics ``Metric`` over faster-coco-eval, fed with mmdet data samples.
 
 Both are ``torchmetrics.Metric`` subclasses: hold them as child modules, call ``update(data_samples)`` in
 every validation step and ``compute()`` (on every rank: it syncs states across processes) at epoch end, then
@@ -13,12 +13,12 @@ import io
 from typing import Any, Optional, Sequence
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from pycocotools import mask as mask_utils
 from torch import Tensor
 from torchmetrics import Metric
-from torchmetrics.classification import MulticlassJaccardIndex
+
+from .packed import pack, unpack
 
 
 def _numpy(x: Any) -> np.ndarray:
@@ -138,7 +138,7 @@ class DetectionEvaluator(Metric):
         super().__init__(**kwargs)
         self.with_masks = with_masks
         self.class_names = class_names
-        # The state is packed (see _PackedImages): ``images`` holds one small tuple per image, ``blocks`` the
+        # The state is packed (tasks/evaluation/packed.py): ``images`` holds one small tuple per image, ``blocks`` the
         # large byte blocks that hold the images' arrays and RLE counts.
         self.add_state("images", default=[], dist_reduce_fx=None)
         self.add_state("blocks", default=[], dist_reduce_fx=None)
@@ -153,7 +153,7 @@ class DetectionEvaluator(Metric):
 
     def update(self, data_samples: Sequence[Any]) -> None:  # type: ignore[override]
         for sample in data_samples:
-            _pack(self.images, self.blocks, self._record(sample))
+            pack(self.images, self.blocks, self._record(sample))
 
     def _record(self, sample: Any) -> dict:
         pred = sample.pred_instances
@@ -252,7 +252,7 @@ class DetectionEvaluator(Metric):
         ids = [entry[0] for entry in self.images]
         keep = [k for k, i in enumerate(ids) if i < 0 or first.setdefault(i, k) == k]
         keep.sort(key=lambda k: ids[k])
-        return [_unpack(self.images[k], self.blocks, self.with_masks) for k in keep]
+        return [unpack(self.images[k], self.blocks, self.with_masks) for k in keep]
 
     def _sync_dist(self, dist_sync_fn: Optional[Any] = None, process_group: Optional[Any] = None) -> None:
         # Gather each rank's packed state as one object (ranks may hold different numbers of images, which a
@@ -271,78 +271,6 @@ class DetectionEvaluator(Metric):
             images += [(i, b + len(blocks), *rest) for i, b, *rest in rank_images]
             blocks += rank_blocks
         self.images, self.blocks = images, blocks
-
-
-# Why the state is packed: ``update`` runs between the caller's large temporaries (each image's (N, H, W) mask
-# stack, ~30 MiB at COCO size, and pycocotools' buffers). Once the caller has freed one such stack, glibc
-# raises its mmap threshold to that size (up to 32 MiB), so the following stacks come from the brk heap. Any
-# small long-lived allocation that lands between or inside them (a numpy array's data, an RLE ``bytes`` over
-# 512 bytes: ~10 to 100 per image if each image keeps its own) pins the heap: the freed stacks' holes can no
-# longer be trimmed nor hold the next stack, and the process grows by megabytes per image (measured in
-# tests/test_metrics.py and tools/benchmark_eval.py). So every image's arrays and RLE counts are copied into
-# large append-only blocks of at least _BLOCK_BYTES, which glibc always maps apart from the heap (its mmap
-# threshold never exceeds 32 MiB), and only their pages written are resident; what stays per image is one small
-# tuple (Python's own small-object allocator, not the heap). The per-image dicts are rebuilt in compute().
-_BLOCK_BYTES = 32 << 20
-_DT_COLUMNS = 7  # x, y, w, h, score, label, mask area
-_GT_COLUMNS = 7  # x, y, w, h, label, crowd, area
-
-
-def _used_bytes(images: list) -> int:
-    return images[-1][3] if images else 0  # the last image's end in the last block
-
-
-def _pack(images: list, blocks: list, record: dict) -> None:
-    """Append ``record`` (``DetectionEvaluator._record``) to the packed state: its arrays and counts into the
-    last block (a new one when full), ``(img_id, block, start, end, n_dt, n_gt, *size)`` to ``images``."""
-    n_dt, n_gt = len(record["dt_labels"]), len(record["gt_labels"])
-    dt_areas = record.get("dt_mask_areas", np.zeros(n_dt))
-    dt = np.column_stack([record["dt_boxes"], record["dt_scores"], record["dt_labels"], dt_areas])
-    gt = np.column_stack([record["gt_boxes"], record["gt_labels"], record["gt_crowd"], record["gt_areas"]])
-    counts = [*record.get("dt_masks", ()), *record.get("gt_masks", ())]
-    parts = [dt.astype(np.float64).tobytes(), gt.astype(np.float64).tobytes()]
-    if "dt_masks" in record:
-        parts += [np.array([len(c) for c in counts], np.int64).tobytes(), *counts]
-    size = sum(len(p) for p in parts)
-    start = (_used_bytes(images) + 7) // 8 * 8  # 8-aligned: the arrays are read back as views
-    if not blocks or start + size > len(blocks[-1]):
-        blocks.append(np.empty(max(_BLOCK_BYTES, size), np.uint8))
-        start = 0
-    block, pos = blocks[-1], start
-    for part in parts:
-        block[pos : pos + len(part)] = np.frombuffer(part, np.uint8)
-        pos += len(part)
-    images.append((record["img_id"], len(blocks) - 1, start, pos, n_dt, n_gt, *record["size"]))
-
-
-def _unpack(entry: tuple, blocks: list, with_masks: bool) -> dict:
-    """The record dict of one packed image (arrays are views into its block; counts are ``bytes``)."""
-    img_id, b, start, end, n_dt, n_gt, *size = entry
-    data = blocks[b][start:end]
-    dt_end = n_dt * _DT_COLUMNS * 8
-    gt_end = dt_end + n_gt * _GT_COLUMNS * 8
-    dt = data[:dt_end].view(np.float64).reshape(n_dt, _DT_COLUMNS)
-    gt = data[dt_end:gt_end].view(np.float64).reshape(n_gt, _GT_COLUMNS)
-    record = dict(
-        img_id=img_id,
-        size=size,
-        dt_boxes=dt[:, :4],
-        dt_scores=dt[:, 4],
-        dt_labels=dt[:, 5].astype(np.int64),
-        gt_boxes=gt[:, :4],
-        gt_labels=gt[:, 4].astype(np.int64),
-        gt_crowd=gt[:, 5].astype(np.int64),
-        gt_areas=gt[:, 6],
-    )
-    if with_masks:
-        record["dt_mask_areas"] = dt[:, 6]
-        lens_end = gt_end + (n_dt + n_gt) * 8
-        lens = data[gt_end:lens_end].view(np.int64)
-        ends = lens_end + np.cumsum(lens)
-        starts = ends - lens  # (not ends shifted by one: an image may have no masks at all)
-        counts = [data[i:j].tobytes() for i, j in zip(starts.tolist(), ends.tolist(), strict=True)]
-        record["dt_masks"], record["gt_masks"] = counts[:n_dt], counts[n_dt:]
-    return record
 
 
 def _coco_precision(images: list[dict], cat_ids: list[int], iou_type: str) -> Optional[np.ndarray]:
@@ -393,118 +321,3 @@ def _coco_precision(images: list[dict], cat_ids: list[int], iou_type: str) -> Op
     with contextlib.redirect_stdout(io.StringIO()):
         coco_eval.evaluate()
         coco_eval.accumulate()
-    return coco_eval.eval["precision"]
-
-
-# Pixels per step of SegmentationEvaluator.update on the CPU. A whole ADE20K map is ~350k pixels, and its
-# int64 temporaries (the ignore mask, the kept labels, the combined confusion index) are MB-sized blocks. Once
-# glibc has raised its dynamic mmap threshold (it does when such a block is first freed), they are carved from
-# the heap between small long-lived objects, and the holes they leave are not returned: the process grew with
-# every image (docs/evaluation.md, "Evaluation memory"). Pieces of 8192 pixels keep every temporary at 64 KiB,
-# below the mmap threshold from the start, reused from the heap's free lists.
-_CHUNK = 8192
-
-
-class SegmentationEvaluator(MulticlassJaccardIndex):
-    """Semantic segmentation ``mIoU``, ``aAcc``, ``mAcc`` (fractions) as mmseg's ``IoUMetric`` defines them.
-
-    ``update(data_samples)`` takes mmseg ``SegDataSample``s: ``pred_sem_seg.data`` (1, H, W) class indices at
-    original size and ``gt_sem_seg.data`` (1, H, W) (after ``reduce_zero_label``); ``ignore_index`` pixels are
-    skipped. As in mmseg, a class absent from both prediction and ground truth is left out of mIoU
-    (torchmetrics' macro average gives it weight 0), a class predicted but absent from the ground truth counts
-    with IoU 0, and mAcc averages only the classes present in the ground truth. The state is one (C, C)
-    confusion matrix, summed across processes.
-
-    ``compute()`` also returns ``per_class = {'IoU': {class name: float | None}, 'Acc': {...}}``, the columns
-    of mmseg's per-class table as fractions; None for a class absent from the ground truth (mmseg prints nan
-    there, or an IoU of 0 when the class was predicted).
-
-    Args:
-        num_classes: number of classes (the decode head's ``num_classes``).
-        ignore_index: ground-truth label that is not evaluated.
-        class_names: the ``per_class`` keys (the dataset's ``metainfo['classes']``, ``num_classes`` of them; the
-            Lightning task sets it from its data module); default: the class indices as strings.
-        kwargs: ``torchmetrics.Metric`` options.
-    """
-
-    def __init__(
-        self, num_classes: int, ignore_index: int = 255, class_names: Optional[Sequence[str]] = None, **kwargs: Any
-    ) -> None:
-        super().__init__(num_classes=num_classes, ignore_index=ignore_index, average="macro", **kwargs)
-        self.class_names = class_names
-        self._per_class: Optional[dict[str, Tensor]] = None
-
-    def update(self, data_samples: Sequence[Any]) -> None:  # type: ignore[override]
-        counts = self.confmat.view(-1)  # row-major (C, C): index target * C + prediction
-        # On the CPU, each image in pieces of _CHUNK pixels (see there); on a GPU, whole (no heap to fragment).
-        step = _CHUNK if counts.device.type == "cpu" else None
-        ones = torch.ones(step or 1, dtype=counts.dtype, device=counts.device)
-        for sample in data_samples:
-            pred = sample.pred_sem_seg.data.reshape(-1).to(counts.device)
-            target = sample.gt_sem_seg.data.reshape(-1).to(counts.device)
-            if pred.numel() != target.numel():
-                raise ValueError(
-                    f"image {sample.metainfo.get('img_path', '')}: prediction shape "
-                    f"{tuple(sample.pred_sem_seg.shape)} differs from the ground truth's "
-                    f"{tuple(sample.gt_sem_seg.shape)}; both must be at the original image size"
-                )
-            size = step or max(1, pred.numel())
-            if len(ones) < size:
-                ones = ones.new_ones(size)
-            for first in range(0, pred.numel(), size):
-                t = target[first : first + size].long()
-                p = pred[first : first + size].long()
-                keep = t != self.ignore_index
-                t, p = t[keep], p[keep]
-                if len(t):
-                    self._check_range(t, p, sample)
-                    counts.index_add_(0, t * self.num_classes + p, ones[: len(t)])
-
-    def _check_range(self, target: Tensor, pred: Tensor, sample: Any) -> None:
-        for what, values in (("ground truth", target), ("prediction", pred)):
-            low, high = torch.aminmax(values)
-            if low < 0 or high >= self.num_classes:
-                raise ValueError(
-                    f"image {sample.metainfo.get('img_path', '')}: {what} label "
-                    f"{int(low if low < 0 else high)} outside 0..{self.num_classes - 1} (and not the "
-                    f"ignore_index {self.ignore_index}); the decode head's num_classes and the dataset must agree"
-                )
-
-    def compute(self) -> dict[str, Any]:  # type: ignore[override]
-        confmat = self.confmat.double()  # rows: ground truth, columns: prediction
-        tp, gt_area, pred_area = confmat.diag(), confmat.sum(1), confmat.sum(0)
-        # 0 / 0 = NaN marks the classes mmseg excludes (its nanmean)
-        self._per_class = dict(IoU=tp / (gt_area + pred_area - tp), Acc=tp / gt_area)
-        names = self.class_names if self.class_names is not None else [str(c) for c in range(self.num_classes)]
-        if len(names) != self.num_classes:
-            raise ValueError(
-                f"SegmentationEvaluator: {len(names)} class_names for num_classes={self.num_classes}; "
-                "the decode head's num_classes and the dataset's metainfo classes must agree"
-            )
-        present = (gt_area > 0).tolist()
-        per_class = {
-            metric: {str(n): (float(v) if p else None) for n, v, p in zip(names, values.tolist(), present, strict=True)}
-            for metric, values in self._per_class.items()
-        }
-        return {
-            "mIoU": float(super().compute()),
-            "aAcc": float(tp.sum() / gt_area.sum()),
-            "mAcc": float(self._per_class["Acc"].nanmean()),
-            "per_class": per_class,
-        }
-
-    def per_class_iou(self) -> Tensor:
-        """Per-class IoU (NaN: class absent from prediction and ground truth) of the last ``compute()``."""
-        if self._per_class is None:
-            raise RuntimeError("call compute() first")
-        return self._per_class["IoU"]
-
-    def per_class_acc(self) -> Tensor:
-        """Per-class accuracy (NaN: class absent from the ground truth) of the last ``compute()``."""
-        if self._per_class is None:
-            raise RuntimeError("call compute() first")
-        return self._per_class["Acc"]
-
-    def reset(self) -> None:
-        super().reset()
-        self._per_class = None

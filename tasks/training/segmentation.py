@@ -5,8 +5,8 @@ from __future__ import annotations
 from mmengine.registry import Registry
 from torch import nn
 
-from .base import MMTaskModule
-from .metrics import SegmentationEvaluator
+from ..evaluation.segmentation import SegmentationEvaluator
+from .module import MMTaskModule
 
 
 class SegmentationModule(MMTaskModule):

@@ -4,7 +4,7 @@
 listing the valid ones). Defaults come from the mm sections when the trainer section is silent:
 ``train_cfg`` (epochs / iterations, validation interval), ``optim_wrapper.clip_grad`` (gradient
 clipping) and ``optim_wrapper.accumulative_counts`` (gradient accumulation). ``loggers = [dict(type=...), ...]``
-holds Lightning logger classes (experiment trackers: tasks/trackers.py).
+holds Lightning logger classes (experiment trackers: tasks/training/trackers.py).
 
 Gradient accumulation (``optim_wrapper.accumulative_counts = N``, mm's key, or ``trainer.accumulate_grad_batches
 = N``): one optimizer step per N batches, on the mean of their gradients (Lightning divides each batch's loss by
@@ -14,14 +14,14 @@ iterations (``by_epoch=False``; Lightning steps them per optimizer step), ``chec
 integer ``val_check_interval`` (multiplied by N here, as Lightning counts it in batches). mmengine instead counts
 ``max_iters`` and iteration-based schedules in batches.
 
-Top-level reliability keys (besides ``nonfinite_loss``, see tasks/nonfinite.py):
+Top-level reliability keys (besides ``nonfinite_loss``, see tasks/training/nonfinite.py):
 
 * ``checkpoint_every_n_steps = N``: also write ``last.ckpt`` every N optimizer steps (a second
   ModelCheckpoint, independent of ``checkpoint_callback.monitor``), so that a killed job resumes with
   ``--resume`` from at most N steps back, mid-epoch included, and repeats the uninterrupted run exactly.
 * ``requeue_signal = 'SIGUSR1'``: the cluster's warning signal before it stops the job (SLURM's
   ``--signal=USR1@120``); on it, or on SIGTERM, training stops at the next optimizer step with a checkpoint
-  and the SLURM job is requeued (tasks/restart.py).
+  and the SLURM job is requeued (tasks/training/restart.py).
 * ``trainer.strategy = dict(type='ddp', timeout=SECONDS)``: the process-group timeout (a number of seconds
   is turned into a ``timedelta``): how long a rank waits in a collective for a peer that died.
 """
@@ -148,7 +148,7 @@ def trainer_kwargs(cfg: Config) -> dict:
     if kwargs.get("use_distributed_sampler"):
         raise ValueError(
             "trainer.use_distributed_sampler=True: the data module shards every split itself "
-            "(tasks/data.py); Lightning would replace the train batch sampler and its resumable order"
+            "(tasks/data/module.py); Lightning would replace the train batch sampler and its resumable order"
         )
     kwargs["use_distributed_sampler"] = False
     if "sync_batchnorm" not in kwargs:
@@ -177,8 +177,8 @@ def checkpoint_callback(cfg: Config, work_dir: str) -> ModelCheckpoint:
 def build_trainer(
     cfg: Config, work_dir: str, callbacks: Iterable[L.Callback] = (), for_test: bool = False, **overrides
 ) -> L.Trainer:
-    """Trainer with the config's loggers (tasks/trackers.py: CSV + TensorBoard by default) and atomic checkpoints
-    in ``work_dir``.
+    """Trainer with the config's loggers (tasks/training/trackers.py: CSV + TensorBoard by default) and atomic
+    checkpoints in ``work_dir``.
 
     Args:
         cfg: the mmengine config (``trainer``, ``checkpoint_callback``, ``checkpoint_every_n_steps``...).
@@ -189,7 +189,7 @@ def build_trainer(
         overrides: ``lightning.Trainer`` keyword arguments that win over the config's.
 
     Besides the checkpoint callbacks it adds the state that does not belong to the task module
-    (tasks/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for training.
+    (tasks/training/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for training.
     """
     kwargs = trainer_kwargs(cfg)
     kwargs.update(overrides)
@@ -227,7 +227,7 @@ def build_trainer(
             callbacks.append(step_progress_bar())  # counts iterations, not epochs of an endless loop
     plugins = [AtomicCheckpointIO()]
     if SLURMEnvironment.detect() and not TorchElasticEnvironment.detect():
-        # Lightning's SLURM ranks and nodes, without its own requeue handler (tasks/restart.py says why).
+        # Lightning's SLURM ranks and nodes, without its own requeue handler (tasks/training/restart.py says why).
         plugins.append(SLURMEnvironment(auto_requeue=False))
     os.makedirs(work_dir, exist_ok=True)
     return L.Trainer(default_root_dir=work_dir, callbacks=callbacks, plugins=plugins, **kwargs)

@@ -3,12 +3,12 @@
 Lightning owns the loop (devices, DDP, AMP, checkpoints, logging); the mm model keeps its own
 ``data_preprocessor`` (normalisation, padding, batching, moving the pseudo-collated batch to the device),
 its losses (``parse_losses``) and its ``predict`` post-processing. Evaluation is a torchmetrics evaluator
-(``tasks/metrics.py``) updated per batch and computed once per epoch.
+(``tasks/evaluation/coco.py``) updated per batch and computed once per epoch.
 
-Non-finite losses follow the config's ``nonfinite_loss`` policy (tasks/nonfinite.py).
+Non-finite losses follow the config's ``nonfinite_loss`` policy (tasks/training/nonfinite.py).
 
-State that is not the task's own lives in Lightning callbacks (tasks/callbacks.py, added by
-``tasks.trainer.build_trainer``): the RNG states saved in checkpoints and restored on resume, BatchNorm
+State that is not the task's own lives in Lightning callbacks (tasks/training/callbacks.py, added by
+``tasks.training.trainer.build_trainer``): the RNG states saved in checkpoints and restored on resume, BatchNorm
 buffers averaged over DDP ranks before evaluation, and the refusal to write a checkpoint from non-finite
 weights.
 """
@@ -26,10 +26,10 @@ from mmengine.registry import Registry
 from torch.optim import Optimizer
 from torchmetrics import Metric
 
-from .config import build_from_registry, config_text, register_scope
+from ..config import build_from_registry, config_text, register_scope
+from ..evaluation.tta import TTAPredictor
 from .nonfinite import NonFiniteLossPolicy
 from .optim import build_optimizer, build_schedulers, scale_lr
-from .tta import TTAPredictor
 
 
 class MMTaskModule(L.LightningModule):
@@ -49,7 +49,7 @@ class MMTaskModule(L.LightningModule):
         evaluator: the torchmetrics evaluator of ``build_evaluator``.
         val_metrics: the last validation metrics (also stored in checkpoints as ``val_metrics``).
         test_metrics: the metrics of the last ``trainer.test``.
-        tta: the ``TTAPredictor`` that test steps predict with (``tasks.tta.enable_tta``), or None.
+        tta: the ``TTAPredictor`` that test steps predict with (``tasks.evaluation.tta.enable_tta``), or None.
         evaluate_test: False makes test steps only predict, without ground truth or metrics
             (``tools/test.py --format-only``); True by default.
         nonfinite: the ``nonfinite_loss`` policy and its state (``NonFiniteLossPolicy``).
@@ -68,11 +68,11 @@ class MMTaskModule(L.LightningModule):
         # job (trainer.sync_batchnorm=True converts every BatchNorm back under DDP).
         self.model = revert_sync_batchnorm(model)
         self.evaluator = self.build_evaluator()
-        # flat float metrics + 'per_class' (see tasks/metrics.py)
+        # flat float metrics + 'per_class' (see tasks/evaluation/coco.py)
         self.val_metrics: dict = {}
         self.test_metrics: dict = {}
         self.evaluate_test = True
-        self.tta: TTAPredictor | None = None  # tasks.tta.enable_tta sets it
+        self.tta: TTAPredictor | None = None  # tasks.evaluation.tta.enable_tta sets it
         self.nonfinite = NonFiniteLossPolicy(self.cfg.get("nonfinite_loss"))
 
     # ---- subclass hooks -------------------------------------------------------------------------
@@ -143,7 +143,7 @@ class MMTaskModule(L.LightningModule):
         preds = self._predict(batch)
         if self.evaluate_test:
             self.evaluator.update(preds)
-        return preds  # for callbacks (tasks/visualize.py)
+        return preds  # for callbacks (tasks/figures/predictions.py)
 
     def on_validation_epoch_start(self) -> None:
         self._set_class_names("val")

@@ -4,7 +4,8 @@
 The weights (``CKPT``) may be:
 
 * a Lightning checkpoint of ``tools/train.py`` or an mm-format model (``tools/export_model.py``, mm's own
-  releases): read by ``tasks.export.read_training_checkpoint`` and checked against the config's model (same keys,
+  releases): read by ``tasks.deploy.checkpoints.read_training_checkpoint`` and checked against the config's
+  model (same keys,
   same shapes) before they are loaded;
 * a backbone export (``tools/export_backbone.py``; ``.pth``, ``.safetensors`` or the official layout): loaded into
   the config's backbone by ``backbones.load_pretrained`` (family and arch checked). The neck and heads are not in
@@ -39,9 +40,10 @@ from PIL import Image
 from backbones.atomic import atomic_write
 from backbones.pretrained import CheckpointError, check_checkpoint_path, load_pretrained
 
-from .config import load_config, register_scope
-from .data import without_annotation_loading
-from .export import check_against_model, dataset_meta, read_training_checkpoint
+from ..config import load_config, register_scope
+from ..data.module import without_annotation_loading
+from .checkpoints import read_training_checkpoint
+from .export import check_against_model, dataset_meta
 
 
 class InputError(ValueError):

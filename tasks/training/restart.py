@@ -2,7 +2,8 @@
 
 * ``resume_checkpoint``: what ``tools/train.py --resume [auto|CKPT]`` resumes from. ``auto`` is what a requeued or
   restarted job runs unchanged: ``WORK_DIR/last.ckpt`` when it exists, else a fresh start, logged in one line.
-* ``Preemption`` (a Lightning callback that ``tasks.trainer.build_trainer`` adds for training): on the cluster's
+* ``Preemption`` (a Lightning callback that ``tasks.training.trainer.build_trainer`` adds for training): on the
+  cluster's
   warning signal (``requeue_signal``, SIGUSR1 by default, as SLURM's ``--signal=USR1@120``) or SIGTERM, every rank
   stops at the next optimizer-step boundary, ``WORK_DIR/last.ckpt`` is written once (atomically, through the
   trainer's checkpoint IO: the exact mid-epoch state that ``--resume`` restores), the SLURM job is requeued with
@@ -14,7 +15,7 @@ backward and its optimizer step), and as a collective on whichever ranks happen 
 handler broadcasts from inside the handler and ends the run at the next batch without a checkpoint, acting on
 rank 0's signal only. Here the handler only records the signal; the ranks agree at each optimizer-step boundary
 (one all-reduce of a flag, ``Strategy.reduce_boolean_decision``), so a signal that reached any one rank stops all
-of them at the same step. ``SLURMEnvironment(auto_requeue=False)`` (tasks/trainer.py) switches Lightning's
+of them at the same step. ``SLURMEnvironment(auto_requeue=False)`` (tasks/training/trainer.py) switches Lightning's
 handler off; Lightning still detects the SLURM ranks and nodes.
 
 A signal that arrives before training starts (while the model and data are built) has the default effect (for

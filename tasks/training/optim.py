@@ -26,13 +26,13 @@ from mmengine.registry import PARAM_SCHEDULERS
 from torch import nn
 from torch.optim import Optimizer
 
-# OptimWrapper keys that Lightning handles (see tasks/trainer.py), dropped before mmengine builds it.
+# OptimWrapper keys that Lightning handles (see tasks/training/trainer.py), dropped before mmengine builds it.
 _LIGHTNING_OWNED = ("clip_grad", "accumulative_counts", "loss_scale", "dtype", "use_fsdp")
 
 
 def build_optimizer(model: nn.Module, optim_wrapper_cfg: dict) -> Optimizer:
     """The ``torch.optim.Optimizer`` that mmengine builds from ``optim_wrapper`` (``paramwise_cfg`` included);
-    the wrapper keys Lightning handles (clipping, accumulation, AMP) are dropped (see tasks/trainer.py)."""
+    the wrapper keys Lightning handles (clipping, accumulation, AMP) are dropped (see tasks/training/trainer.py)."""
     cfg = copy.deepcopy(dict(optim_wrapper_cfg))
     if cfg.get("type", "OptimWrapper") == "AmpOptimWrapper":
         # AmpOptimWrapper asserts CUDA at construction; mixed precision is trainer.precision here.
