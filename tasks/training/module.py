@@ -86,11 +86,6 @@ class MMTaskModule(L.LightningModule):
         raise NotImplementedError
 
     # ---- data ------------------------------------------------------------------------------------
-    def transfer_batch_to_device(self, batch: dict, device: torch.device, dataloader_idx: int) -> dict:
-        # The batch stays mm's pseudo-collated dict (lists of uint8 images and data samples); the
-        # data_preprocessor moves it (see _preprocess), exactly as under mmengine's Runner.
-        return batch
-
     def _sync_preprocessor_device(self) -> None:
         # mm's BaseDataPreprocessor caches its target device in ``_device`` and only updates it in
         # its own .to()/.cuda(); Lightning moves modules with nn.Module._apply (and FSDP moves them

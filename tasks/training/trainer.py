@@ -38,7 +38,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.strategies import FSDPStrategy
 from mmengine.config import Config
 
@@ -46,6 +46,7 @@ from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
 from .progress import is_iteration_based, step_progress_bar
 from .restart import ElasticDDPStrategy, Preemption
+from .summary import ParamsSummary
 from .trackers import RunReport, build_loggers
 
 TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
@@ -216,6 +217,8 @@ def build_trainer(
                         enable_version_counter=False,
                     )
                 )
+        if kwargs.get("enable_model_summary", True) and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.append(ParamsSummary())
         if kwargs.get("logger", True) is True:
             kwargs["logger"] = build_loggers(cfg, work_dir)
             callbacks.append(RunReport(cfg))
