@@ -146,7 +146,7 @@ class ModelEMA(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self._last_step:
-            return  # no optimizer step in this batch (gradient accumulation, a skipped non-finite step)
+            return  # no optimizer step in this batch (gradient accumulation)
         self._last_step = trainer.global_step
         if self._started(trainer):
             self.ema.update_parameters(pl_module.model)
