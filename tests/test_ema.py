@@ -293,6 +293,7 @@ def test_exports_take_the_average_by_default_and_raw_on_request(ema_run, tmp_pat
         assert all(torch.equal(v, source["backbone." + k]) for k, v in saved.items())
 
 
+@pytest.mark.slow
 def test_resume_after_kill_gives_the_uninterrupted_average_and_weights(data_opts, tmp_path):
     opts = seg_opts(
         data_opts,
