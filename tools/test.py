@@ -9,6 +9,8 @@ same model (``state_dict`` keys without the ``model.`` prefix). Prints a metrics
 one JSON object to ``--out`` (default ``WORK_DIR/test_metrics.json``). ``--show-dir`` writes one PNG per
 image with the predictions drawn by mmdet's / mmseg's visualizer. Runs on the devices of the config's
 ``trainer`` section (``--cfg-options trainer.devices=1`` to override); every image is evaluated once.
+A checkpoint of a run with model EMA (``custom_hooks = [dict(type='EMAHook', ...)]``) is tested on its averaged
+weights, as mmengine's EMAHook does.
 
 ``--tta``: test-time augmentation with the config's ``tta_model`` (mmseg ``SegTTAModel``: multi-scale + flip,
 softmax averaged; mmdet ``DetTTAModel``: boxes merged by NMS, box-only detectors) on the config's
@@ -115,6 +117,7 @@ def main(argv=None, callbacks=()) -> dict:
     if ckpt is not None and ckpt.kind != "lightning":
         module.model.load_state_dict(ckpt.state_dict, strict=True)
     is_lightning = ckpt is None or ckpt.kind == "lightning"
+    ema = ckpt is not None and ckpt.raw_state_dict is not None  # state_dict holds the average (mm's EMAHook layout)
     del ckpt
     module.evaluate_test = not args.format_only
     callbacks = list(callbacks)
@@ -123,6 +126,8 @@ def main(argv=None, callbacks=()) -> dict:
     if args.out_dir:
         callbacks.append(SubmissionWriter(args.out_dir, cfg.default_scope))
     trainer = build_trainer(cfg, work_dir, callbacks=callbacks, for_test=True)
+    if ema and trainer.is_global_zero:
+        print("the checkpoint holds model EMA: testing the EMA weights")
     trainer.test(module, datamodule=datamodule, ckpt_path=args.checkpoint if is_lightning else None, verbose=False)
     metrics = module.test_metrics
     if args.format_only:

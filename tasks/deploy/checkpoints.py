@@ -38,6 +38,10 @@ class TrainingCheckpoint:
         best: ``ModelCheckpoint``'s best score, ``{'monitor', 'score'}``.
         config_text: the training config stored in the checkpoint, if any.
         meta: an mm checkpoint's own meta.
+        raw_state_dict: with model EMA (mmengine's EMAHook layout, ours too: ``ema_state_dict`` holds
+            ``module.<key>`` tensors), the raw trained weights, while ``state_dict`` holds the averaged ones;
+            None without EMA.
+        ema_steps: with model EMA, the average's update count (``ema_state_dict['steps']``).
     """
 
     path: str
@@ -50,6 +54,18 @@ class TrainingCheckpoint:
     best: dict = field(default_factory=dict)
     config_text: str | None = None
     meta: dict = field(default_factory=dict)
+    raw_state_dict: dict | None = None
+    ema_steps: int | None = None
+
+    def weights(self, raw: bool = False) -> tuple[dict, str]:
+        """(tensors, ``'ema'`` | ``'raw'``): the averaged weights when the checkpoint has model EMA, unless ``raw``.
+
+        Args:
+            raw: the raw trained weights even when the checkpoint holds an average.
+        """
+        if self.raw_state_dict is None:
+            return self.state_dict, "raw"
+        return (self.raw_state_dict, "raw") if raw else (self.state_dict, "ema")
 
 
 def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
@@ -71,7 +87,9 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
         )
     sd = {k: v for k, v in obj["state_dict"].items() if isinstance(v, torch.Tensor)}
     if "pytorch-lightning_version" in obj or (sd and all(k.startswith("model.") for k in sd)):
-        return _read_lightning(path, obj, sd)
+        ckpt = _read_lightning(path, obj, sd)
+        ckpt.raw_state_dict, ckpt.ema_steps = _raw_weights(obj)
+        return ckpt
     meta = dict(obj.get("meta") or {})
     if "export_version" in meta and "family" in meta:
         raise CheckpointError(
@@ -80,7 +98,7 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
         )
     sd = {k.removeprefix("module."): v for k, v in sd.items()}
     metrics = meta.get("metrics") if isinstance(meta.get("metrics"), Mapping) else {}
-    return TrainingCheckpoint(
+    ckpt = TrainingCheckpoint(
         path,
         "mm",
         sd,
@@ -91,6 +109,19 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
         config_text=meta.get("cfg") if isinstance(meta.get("cfg"), str) else None,
         meta=meta,
     )
+    ckpt.raw_state_dict, ckpt.ema_steps = _raw_weights(obj)
+    return ckpt
+
+
+def _raw_weights(obj: Mapping) -> tuple[dict | None, int | None]:
+    """The raw weights that mmengine's EMAHook (and tasks/training/ema.py) keep under ``ema_state_dict``, and the
+    average's update count; (None, None) without EMA."""
+    ema = obj.get("ema_state_dict")
+    if not isinstance(ema, Mapping):
+        return None, None
+    raw = {k[len("module.") :]: v for k, v in ema.items() if k.startswith("module.") and isinstance(v, torch.Tensor)}
+    steps = ema.get("steps")
+    return (raw or None), (int(steps) if isinstance(steps, torch.Tensor) and raw else None)
 
 
 def _read_lightning(path: str, obj: Mapping, sd: dict) -> TrainingCheckpoint:

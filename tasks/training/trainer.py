@@ -44,6 +44,7 @@ from mmengine.config import Config
 
 from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
+from .ema import build_custom_hooks
 from .progress import is_iteration_based, step_progress_bar
 from .restart import ElasticDDPStrategy, Preemption
 from .summary import ParamsSummary
@@ -190,11 +191,14 @@ def build_trainer(
         overrides: ``lightning.Trainer`` keyword arguments that win over the config's.
 
     Besides the checkpoint callbacks it adds the state that does not belong to the task module
-    (tasks/training/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for training.
+    (tasks/training/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for training;
+    and for training the config's ``custom_hooks`` (model EMA, tasks/training/ema.py; a test reads the averaged
+    weights from the checkpoint's ``state_dict`` without it).
     """
     kwargs = trainer_kwargs(cfg)
     kwargs.update(overrides)
-    callbacks = [*callbacks, SyncBuffers()]
+    custom_hooks = build_custom_hooks(cfg)  # checked for tests too
+    callbacks = [*callbacks, *([] if for_test else custom_hooks), SyncBuffers()]
     if for_test:
         kwargs.setdefault("logger", False)
         kwargs["enable_checkpointing"] = False
