@@ -9,8 +9,9 @@ import importlib.util
 from ._fast_paths import enabled as fast_paths_enabled
 from ._fast_paths import fast_paths, set_fast_paths
 from .hatnet import HATNet
-from .pretrained import CheckpointError, LoadReport, load_pretrained
+from .pretrained import LoadReport, load_pretrained
 from .stvit import STViT
+from .weights import CheckpointError, KeyReport, load_model_weights
 
 __all__ = [
     "STViT",
@@ -18,6 +19,8 @@ __all__ = [
     "load_pretrained",
     "LoadReport",
     "CheckpointError",
+    "KeyReport",
+    "load_model_weights",
     "set_fast_paths",
     "fast_paths",
     "fast_paths_enabled",
