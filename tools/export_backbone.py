@@ -37,7 +37,7 @@ from tasks.deploy.export import WEIGHTS, export_backbone
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="Lightning .ckpt or mm-format checkpoint")
+    parser.add_argument("checkpoint", help="Lightning .ckpt or mm-format checkpoint: a path or an http(s) URL")
     parser.add_argument("--out", required=True, help="output file (.pth / .pt / .safetensors / .onnx)")
     parser.add_argument("--format", choices=FORMATS, help="default: inferred from the extension of --out")
     parser.add_argument("--config", help="training config (needed when the checkpoint does not store it)")

@@ -26,7 +26,7 @@ from tasks.deploy.export import WEIGHTS, export_model
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="Lightning .ckpt from tools/train.py")
+    parser.add_argument("checkpoint", help="Lightning .ckpt from tools/train.py: a path or an http(s) URL")
     parser.add_argument("--out", required=True, help="output .pth file")
     parser.add_argument("--config", help="training config (needed when the checkpoint does not store it)")
     parser.add_argument(

@@ -5,7 +5,8 @@
                          [--tta] [--format-only] [--out-dir DIR] [--cfg-options KEY=VALUE ...]
 
 CHECKPOINT is a Lightning ``.ckpt`` from tools/train.py, or a plain mmdet / mmseg checkpoint of the
-same model (``state_dict`` keys without the ``model.`` prefix). Prints a metrics table and writes them as
+same model (``state_dict`` keys without the ``model.`` prefix), or an http(s) URL of one (downloaded once into
+torch.hub's cache; ``URL#sha256=<hex>`` verifies it). Prints a metrics table and writes them as
 one JSON object to ``--out`` (default ``WORK_DIR/test_metrics.json``). ``--show-dir`` writes one PNG per
 image with the predictions drawn by mmdet's / mmseg's visualizer. Runs on the devices of the config's
 ``trainer`` section (``--cfg-options trainer.devices=1`` to override); every image is evaluated once.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
+from backbones.weights import check_checkpoint_path, load_state_dict_checked
 from tasks import build_task
 from tasks.config import add_cfg_options, default_work_dir, load_config
 from tasks.data.module import without_annotation_loading
@@ -43,7 +45,7 @@ from tasks.training.trainer import build_trainer, releasing_process_group
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="mmengine config file")
-    parser.add_argument("checkpoint", help="Lightning .ckpt or plain mm checkpoint")
+    parser.add_argument("checkpoint", help="Lightning .ckpt or plain mm checkpoint, a path or an http(s) URL")
     parser.add_argument("--work-dir", help="output directory (default: work_dirs/<config stem>)")
     parser.add_argument("--out", help="metrics JSON file (default: WORK_DIR/test_metrics.json)")
     parser.add_argument("--show-dir", help="write prediction overlays (PNG) here")
@@ -110,12 +112,12 @@ def main(argv=None, callbacks=()) -> dict:
     module, datamodule = build_task(cfg, init_weights=False)  # the checkpoint provides every weight
     if args.tta:
         enable_tta(cfg, module, args.config)
-    if not osp.exists(args.checkpoint):
-        raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
-    # a directory is a sharded Lightning checkpoint; a file is read safely (weights_only + allow-list)
-    ckpt = None if osp.isdir(args.checkpoint) else read_training_checkpoint(args.checkpoint)
+    # a directory is a sharded Lightning checkpoint; a file (or an http(s) URL, downloaded once and verified) is
+    # read safely (weights_only + allow-list) by backbones.weights
+    checkpoint = args.checkpoint if osp.isdir(args.checkpoint) else check_checkpoint_path(args.checkpoint)
+    ckpt = None if osp.isdir(checkpoint) else read_training_checkpoint(checkpoint)
     if ckpt is not None and ckpt.kind != "lightning":
-        module.model.load_state_dict(ckpt.state_dict, strict=True)
+        load_state_dict_checked(module.model, ckpt.state_dict, repr(args.checkpoint), strict=True)
     is_lightning = ckpt is None or ckpt.kind == "lightning"
     ema = ckpt is not None and ckpt.raw_state_dict is not None  # state_dict holds the average (mm's EMAHook layout)
     del ckpt
@@ -128,7 +130,7 @@ def main(argv=None, callbacks=()) -> dict:
     trainer = build_trainer(cfg, work_dir, callbacks=callbacks, for_test=True)
     if ema and trainer.is_global_zero:
         print("the checkpoint holds model EMA: testing the EMA weights")
-    trainer.test(module, datamodule=datamodule, ckpt_path=args.checkpoint if is_lightning else None, verbose=False)
+    trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint if is_lightning else None, verbose=False)
     metrics = module.test_metrics
     if args.format_only:
         if trainer.is_global_zero:

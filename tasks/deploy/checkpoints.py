@@ -1,6 +1,7 @@
 """Reading training checkpoints: ours (Lightning: ``state_dict`` keys ``model.*`` plus the training state) and
-mm's (``{'state_dict': ..., 'meta': ...}``), always through ``backbones.pretrained.read_checkpoint``
-(``weights_only`` with an allow-list), and the training config they carry (read as literals, never executed).
+mm's (``{'state_dict': ..., 'meta': ...}``), always through ``backbones.weights`` (``weights_only`` with an
+allow-list; http(s) URLs downloaded once and verified), and the training config they carry (read as literals,
+never executed).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from mmengine.config import Config
 
 from backbones.export import ExportError, plain_meta
-from backbones.pretrained import CheckpointError, read_checkpoint
+from backbones.weights import CheckpointError, check_checkpoint_path, model_state_dict, read_checkpoint
 
 from ..config import config_text
 
@@ -72,11 +73,11 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
     """Read a Lightning checkpoint of ``tools/train.py`` or an mm-format checkpoint (``state_dict`` + ``meta``).
 
     Args:
-        path: the checkpoint file.
+        path: the checkpoint file, or an http(s) URL of one (``#sha256=`` verifies it; see backbones/download.py).
 
     Raises ``CheckpointError`` for a file that is neither, backbone exports included (``load_pretrained`` reads those).
     """
-    path = os.fspath(path)
+    path = check_checkpoint_path(path)  # a URL: the verified file in torch.hub's cache
     obj, _ = read_checkpoint(path)
     if not isinstance(obj, Mapping) or not isinstance(obj.get("state_dict"), Mapping):
         found = sorted(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__
@@ -85,8 +86,8 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
             f"(top-level entries: {found}). To re-export a backbone file, load it with "
             "backbones.load_pretrained instead."
         )
-    sd = {k: v for k, v in obj["state_dict"].items() if isinstance(v, torch.Tensor)}
-    if "pytorch-lightning_version" in obj or (sd and all(k.startswith("model.") for k in sd)):
+    sd, _, layout = model_state_dict(obj, repr(path))
+    if layout == "Lightning":
         ckpt = _read_lightning(path, obj, sd)
         ckpt.raw_state_dict, ckpt.ema_steps = _raw_weights(obj)
         return ckpt
@@ -96,7 +97,6 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
             f"{path!r} is a backbone export ({meta['family']}, tools/export_backbone.py), not a whole model: load it "
             "with backbones.load_pretrained or a backbone init_cfg=dict(type='Pretrained', checkpoint=...)."
         )
-    sd = {k.removeprefix("module."): v for k, v in sd.items()}
     metrics = meta.get("metrics") if isinstance(meta.get("metrics"), Mapping) else {}
     ckpt = TrainingCheckpoint(
         path,
@@ -128,7 +128,7 @@ def _read_lightning(path: str, obj: Mapping, sd: dict) -> TrainingCheckpoint:
     ckpt = TrainingCheckpoint(
         path,
         "lightning",
-        {k.removeprefix("model."): v for k, v in sd.items() if k.startswith("model.")},
+        sd,
         step=obj.get("global_step"),
         epoch=obj.get("epoch"),
     )
