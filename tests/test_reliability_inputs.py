@@ -374,6 +374,7 @@ def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
     from tasks import build_task
     from tasks.config import load_config
     from tasks.deploy.export import export_backbone
+    from tasks.training.checkpoint_io import apply_load_from
 
     path, marker = evil
     cfg = load_config(SEG_CFG)
@@ -382,7 +383,9 @@ def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
         build_task(cfg)  # init_weights() -> backbones.load_pretrained
     with pytest.raises(CheckpointError, match="Refusing to load"):
         export_backbone(path, tmp_path / "out.pth")
-    # mmengine's own loader (init_cfg=Pretrained of mm modules, load_from): torch.load's weights_only default
+    with pytest.raises(CheckpointError, match="Refusing to load"):
+        apply_load_from(torch.nn.Linear(1, 1), str(path), resume=None)  # the config's load_from
+    # mmengine's own loader (init_cfg=Pretrained of mm modules): torch.load's weights_only default
     with pytest.raises(Exception, match="Weights only load failed"):
         load_checkpoint(torch.nn.Linear(1, 1), str(path))
     assert not marker.exists()
