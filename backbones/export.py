@@ -128,7 +128,7 @@ def save_backbone(
 
     Args:
         sd: the tensors to write, backbone-relative keys, already checked against ``model`` (e.g. with
-            ``backbones.pretrained.state_dict_diff``); ``model.state_dict()`` for a backbone in memory.
+            ``backbones.weights.state_dict_diff``); ``model.state_dict()`` for a backbone in memory.
         model: the STViT / HATNet they belong to: family, arch, out_indices and norm_out go into the meta.
         out: the file to write (atomically).
         fmt: 'pth', 'safetensors', 'official' or 'onnx' (``export_onnx``, the meta as the graph's metadata

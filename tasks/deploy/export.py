@@ -3,7 +3,7 @@ mm's checkpoint format (``tools/export_model.py``).
 
 Inputs are our Lightning checkpoints (``state_dict`` keys ``model.*``, plus Lightning's training state) and
 mm-format checkpoints (``{'state_dict': {'backbone.*': ...}, 'meta': ...}``), always read through
-``backbones.pretrained.read_checkpoint`` (``weights_only`` with an allow-list). The training config comes from
+``backbones.weights.read_checkpoint`` (``weights_only`` with an allow-list). The training config comes from
 ``--config`` or from the checkpoint (read as literals, never executed); the tensors are checked against the model
 that config builds before anything is written. The file formats themselves are ``backbones/export.py``'s.
 """
