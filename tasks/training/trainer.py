@@ -46,6 +46,7 @@ from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
 from .progress import is_iteration_based, step_progress_bar
 from .restart import ElasticDDPStrategy, Preemption
+from .step_time import StepTime
 from .trackers import RunReport, build_loggers
 
 TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
@@ -190,6 +191,7 @@ def build_trainer(
 
     Besides the checkpoint callbacks it adds the state that does not belong to the task module
     (tasks/training/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for training.
+    With the config's loggers, ``StepTime`` logs each iteration's seconds (``train/time``, ``train/data_time``).
     """
     kwargs = trainer_kwargs(cfg)
     kwargs.update(overrides)
@@ -218,7 +220,7 @@ def build_trainer(
                 )
         if kwargs.get("logger", True) is True:
             kwargs["logger"] = build_loggers(cfg, work_dir)
-            callbacks.append(RunReport(cfg))
+            callbacks += [RunReport(cfg), StepTime()]
         if (
             is_iteration_based(kwargs)
             and kwargs.get("enable_progress_bar", True)
