@@ -47,6 +47,7 @@ from .checkpoint_io import AtomicCheckpointIO
 from .ema import build_custom_hooks
 from .progress import is_iteration_based, step_progress_bar
 from .restart import ElasticDDPStrategy, Preemption
+from .step_time import StepTime
 from .summary import ParamsSummary
 from .trackers import RunReport, build_loggers
 
@@ -193,7 +194,8 @@ def build_trainer(
     Besides the checkpoint callbacks it adds the state that does not belong to the task module
     (tasks/training/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for training;
     and for training the config's ``custom_hooks`` (model EMA, tasks/training/ema.py; a test reads the averaged
-    weights from the checkpoint's ``state_dict`` without it).
+    weights from the checkpoint's ``state_dict`` without it). With the config's loggers, ``StepTime`` logs each
+    iteration's seconds (``train/time``, ``train/data_time``).
     """
     kwargs = trainer_kwargs(cfg)
     kwargs.update(overrides)
@@ -225,7 +227,7 @@ def build_trainer(
             callbacks.append(ParamsSummary())
         if kwargs.get("logger", True) is True:
             kwargs["logger"] = build_loggers(cfg, work_dir)
-            callbacks.append(RunReport(cfg))
+            callbacks += [RunReport(cfg), StepTime()]
         if (
             is_iteration_based(kwargs)
             and kwargs.get("enable_progress_bar", True)
