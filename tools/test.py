@@ -116,10 +116,10 @@ def main(argv=None, callbacks=()) -> dict:
     # read safely (weights_only + allow-list) by backbones.weights
     checkpoint = args.checkpoint if osp.isdir(args.checkpoint) else check_checkpoint_path(args.checkpoint)
     ckpt = None if osp.isdir(checkpoint) else read_training_checkpoint(checkpoint)
-    if ckpt is not None and ckpt.kind != "lightning":
+    if ckpt is not None:  # the weights only: testing restores no training state (Lightning's ckpt_path would)
         load_state_dict_checked(module.model, ckpt.state_dict, repr(args.checkpoint), strict=True)
-    is_lightning = ckpt is None or ckpt.kind == "lightning"
     ema = ckpt is not None and ckpt.raw_state_dict is not None  # state_dict holds the average (mm's EMAHook layout)
+    ckpt_is_dir = ckpt is None  # a sharded Lightning checkpoint: Lightning's strategy reassembles it
     del ckpt
     module.evaluate_test = not args.format_only
     callbacks = list(callbacks)
@@ -130,7 +130,7 @@ def main(argv=None, callbacks=()) -> dict:
     trainer = build_trainer(cfg, work_dir, callbacks=callbacks, for_test=True)
     if ema and trainer.is_global_zero:
         print("the checkpoint holds model EMA: testing the EMA weights")
-    trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint if is_lightning else None, verbose=False)
+    trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint if ckpt_is_dir else None, verbose=False)
     metrics = module.test_metrics
     if args.format_only:
         if trainer.is_global_zero:
