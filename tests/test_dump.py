@@ -221,7 +221,7 @@ def test_mmseg_confusion_matrix_on_seg_dump(seg_dump, seg_run, tmp_path):
     assert metrics["mIoU"] == pytest.approx((diag[union > 0] / union[union > 0]).mean(), abs=1e-6)
 
 
-def test_dump_path_checked_before_the_run(det_run, seg_run, tmp_path):
+def test_dump_path_checked_before_the_run(tmp_path):
     test = load_tool("test")
     with pytest.raises(ValueError, match=r"--dump .*det\.json.*\.pkl or \.pickle"):
         test.main([DET_CFG, "missing.ckpt", "--dump", str(tmp_path / "det.json")])
