@@ -2,7 +2,7 @@
 """Evaluate a checkpoint on the config's test set (``test_dataloader``), with Lightning.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE.json] [--show-dir DIR]
-                         [--tta] [--format-only] [--out-dir DIR] [--cfg-options KEY=VALUE ...]
+                         [--tta] [--format-only] [--out-dir DIR] [--dump PATH] [--cfg-options KEY=VALUE ...]
 
 CHECKPOINT is a Lightning ``.ckpt`` from tools/train.py, or a plain mmdet / mmseg checkpoint of the
 same model (``state_dict`` keys without the ``model.`` prefix), or an http(s) URL of one (downloaded once into
@@ -23,6 +23,10 @@ softmax averaged; mmdet ``DetTTAModel``: boxes merged by NMS, box-only detectors
 writes only these, without metrics, and loads no ground truth (the test pipeline's ``LoadAnnotations`` steps are
 left out, and so is an annotation directory): COCO's ``image_info_test-dev2017.json``, or ADE20K's test images
 (``test_dataloader.dataset.data_prefix.img_path=release_test/testing``).
+
+``--dump PATH``: the raw predictions where mmdet's / mmseg's analysis tools read them (tasks/evaluation/dump.py;
+tools/analyze.py runs the tools): a ``.pkl`` in mmdet's ``DumpDetResults`` format, or a folder of label PNGs
+(mmseg's ``confusion_matrix.py`` input). With or without metrics (``--format-only``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from tasks.config import add_cfg_options, default_work_dir, load_config
 from tasks.data.module import without_annotation_loading
 from tasks.deploy.checkpoints import read_training_checkpoint
 from tasks.deploy.submission import SubmissionWriter
+from tasks.evaluation.dump import PredictionDump, check_dump_path
 from tasks.evaluation.tta import enable_tta
 from tasks.figures.predictions import PredictionWriter
 from tasks.training.checkpoint_io import write_json
@@ -58,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--format-only",
         action="store_true",
         help="only write the --out-dir submission files: no ground truth, no metrics",
+    )
+    parser.add_argument(
+        "--dump", help="save the predictions for mm's analysis tools: FILE.pkl (mmdet) or a PNG folder (mmseg)"
     )
     add_cfg_options(parser)
     return parser.parse_args(argv)
@@ -104,6 +112,8 @@ def main(argv=None, callbacks=()) -> dict:
     if args.format_only and not args.out_dir:
         raise SystemExit("--format-only writes submission files only: give the directory with --out-dir DIR")
     cfg = load_config(args.config, args.cfg_options)
+    if args.dump:
+        check_dump_path(args.dump, cfg.default_scope)  # before the model is built
     if args.format_only:  # no ground truth: none loaded, none needed on disk
         dataset = cfg.test_dataloader.dataset
         dataset.pipeline = without_annotation_loading(dataset.pipeline)
@@ -127,6 +137,8 @@ def main(argv=None, callbacks=()) -> dict:
         callbacks.append(PredictionWriter(args.show_dir, cfg.default_scope, args.score_thr))
     if args.out_dir:
         callbacks.append(SubmissionWriter(args.out_dir, cfg.default_scope))
+    if args.dump:
+        callbacks.append(PredictionDump(args.dump, cfg.default_scope))
     trainer = build_trainer(cfg, work_dir, callbacks=callbacks, for_test=True)
     if ema and trainer.is_global_zero:
         print("the checkpoint holds model EMA: testing the EMA weights")
