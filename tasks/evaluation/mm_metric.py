@@ -53,6 +53,8 @@ class MMEvaluator:
         self.scope = scope
         self.key = key
         self.configs = [dict(m) for m in metrics]
+        for cfg in self.configs:
+            _refuse_proposal_fast(cfg, key)
         registry = metrics_registry(scope)
         self.evaluator = Evaluator([build_from_registry(registry, dict(m), what=key) for m in self.configs])
         self.registry = registry
@@ -109,6 +111,24 @@ class MMEvaluator:
             metric.results.clear()
 
 
+def _refuse_proposal_fast(cfg: dict, key: str) -> None:
+    """mmdet 3.3's ``CocoMetric(metric='proposal_fast')`` stacks the per-image IoU matrices with ``np.array``
+    (``mmdet.evaluation.functional.eval_recalls``), which numpy >= 1.24 refuses for images with different numbers
+    of objects: it would fail only after the whole prediction loop."""
+    asked = cfg.get("metric", "bbox")
+    if str(cfg["type"]).rpartition(".")[2] == "CocoMetric" and "proposal_fast" in (
+        [asked] if isinstance(asked, str) else asked
+    ):
+        import numpy as np
+
+        if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (1, 24):
+            raise ValueError(
+                f"{key}: CocoMetric(metric='proposal_fast') fails in mmdet's eval_recalls with numpy "
+                f"{np.__version__} (it stacks per-image arrays of different shapes); ask for metric='proposal' "
+                "(COCO average recall over proposal_nums, class-agnostic) instead"
+            )
+
+
 _AP_ITEMS = ("mAP", "mAP_50", "mAP_75", "mAP_s", "mAP_m", "mAP_l")
 _PROPOSAL_ITEMS = ("AR@100", "AR@300", "AR@1000", "AR_s@1000", "AR_m@1000", "AR_l@1000")
 
@@ -129,14 +149,11 @@ def expected_names(metrics: Sequence[dict], scope: str) -> set[str] | None:
         if scope == "mmdet" and kind == "CocoMetric":
             prefix = f"{cfg.get('prefix') or 'coco'}/"
             asked = cfg.get("metric", "bbox")
-            # mmdet's loop keeps the first metric's default items for the later ones (its own variable)
-            items = cfg.get("metric_items")
             for metric in [asked] if isinstance(asked, str) else asked:
                 if metric == "proposal_fast":
                     names |= {f"{prefix}AR@{n}" for n in cfg.get("proposal_nums", (100, 300, 1000))}
                     continue
-                if items is None:
-                    items = _PROPOSAL_ITEMS if metric == "proposal" else _AP_ITEMS
+                items = cfg.get("metric_items") or (_PROPOSAL_ITEMS if metric == "proposal" else _AP_ITEMS)
                 names |= {f"{prefix}{i}" if metric == "proposal" else f"{prefix}{metric}_{i}" for i in items}
             if cfg.get("classwise"):
                 names.add(f"{prefix}*_precision")  # one per class of the annotation file (a pattern)

@@ -8,10 +8,10 @@ them, or ``dict(metrics=[...])``; None (or absent) means the project's default. 
   (``ann_file``, ``backend_args``, ``collect_device``, ``use_mp_eval`` and ``sort_categories`` change no number);
 * mmseg ``IoUMetric`` with ``iou_metrics=['mIoU']`` and otherwise default options (``ignore_index`` is passed on).
 
-Anything else (``classwise``, ``proposal_nums``, ``metric_items``, ``iou_thrs``, ``prefix``, ``'proposal'`` /
-``'proposal_fast'``, mDice / mFscore, several metrics, any other registered metric) goes to mm's own metric
-classes through ``mmengine.evaluator.Evaluator`` (tasks/evaluation/mm_metric.py). ``choose`` says which, in the
-one line the module logs.
+Anything else (``classwise``, ``proposal_nums``, ``metric_items``, ``iou_thrs``, ``prefix``, ``'proposal'``,
+mDice / mFscore, several metrics, any other registered metric) goes to mm's own metric classes through
+``mmengine.evaluator.Evaluator`` (tasks/evaluation/mm_metric.py). ``choose`` says which; ``build_evaluators``
+logs it in one line per key.
 """
 
 from __future__ import annotations
@@ -167,11 +167,10 @@ def build_evaluators(cfg: Any, scope: str, build_ours: Callable[..., Any], *, wi
     """
     from .mm_metric import MMEvaluator
 
+    keys = ("val_evaluator", "test_evaluator")
+    same = metric_configs(cfg.get(keys[0]), keys[0]) == metric_configs(cfg.get(keys[1]), keys[1])
     built: list[Any] = []
-    for key in ("val_evaluator", "test_evaluator"):
-        if built and metric_configs(cfg.get(key), key) == metric_configs(cfg.get("val_evaluator"), "val_evaluator"):
-            built.append(built[0])
-            continue
+    for key in keys[:1] if same else keys:
         choice = choose(cfg.get(key), key, scope, with_masks=with_masks)
         if choice.ours is not None:
             evaluator = build_ours(**choice.ours)
@@ -179,8 +178,10 @@ def build_evaluators(cfg: Any, scope: str, build_ours: Callable[..., Any], *, wi
         else:
             evaluator = MMEvaluator(choice.metrics, scope, key)
             line = f"{scope}'s own {choice.what}, through mmengine's Evaluator"
-        rank_zero_info(f"evaluation ({key}): {line}")
+        rank_zero_info(f"evaluation ({', '.join(keys) if same else key}): {line}")
         built.append(evaluator)
+    if same:
+        built.append(built[0])
     return built[0], built[1]
 
 
@@ -202,8 +203,10 @@ def produced_names(evaluator: Any, scope: str) -> set[str] | None:
         return expected_names(evaluator.configs, scope)
     if scope == "mmseg":
         return {"mIoU", "aAcc", "mAcc"}
-    types = ("bbox", "segm") if getattr(evaluator, "with_masks", False) else ("bbox",)
-    return {f"{t}_{item}" for t in types for item in _OURS_AP}
+    names = {f"bbox_{item}" for item in _OURS_AP}
+    if getattr(evaluator, "with_masks", False):  # mask mAP by area range only in per_class
+        names |= {f"segm_{item}" for item in _OURS_AP[:3]}
+    return names
 
 
 def check_monitor(cfg: Any, evaluator: Any, scope: str) -> None:

@@ -2,8 +2,10 @@
 
 Lightning owns the loop (devices, DDP, AMP, checkpoints, logging); the mm model keeps its own
 ``data_preprocessor`` (normalisation, padding, batching, moving the pseudo-collated batch to the device),
-its losses (``parse_losses``) and its ``predict`` post-processing. Evaluation is a torchmetrics evaluator
-(``tasks/evaluation/coco.py``) updated per batch and computed once per epoch.
+its losses (``parse_losses``) and its ``predict`` post-processing. Evaluation is what the config's
+``val_evaluator`` / ``test_evaluator`` ask for (tasks/evaluation/select.py): our torchmetrics evaluator
+(``tasks/evaluation/coco.py``, ``segmentation.py``) or mm's metric classes, updated per batch and computed once
+per epoch.
 
 Non-finite losses follow the config's ``nonfinite_loss`` policy (tasks/training/nonfinite.py).
 
