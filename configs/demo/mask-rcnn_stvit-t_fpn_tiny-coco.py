@@ -57,8 +57,11 @@ val_dataloader = dict(
     dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline),
 )
 test_dataloader = val_dataloader
-val_evaluator = None  # evaluation is tasks/evaluation/coco.py (torchmetrics), not mmdet's CocoMetric
-test_evaluator = None
+# COCO box and mask mAP, as mmdet's base config asks (docs/evaluation.md): computed by tasks/evaluation/coco.py,
+# equal to mmdet's CocoMetric, logged as bbox_mAP, segm_mAP... Without ann_file, the ground truth is the split's
+# own annotation file. Options ours does not compute (classwise=True, proposal_nums...) run mmdet's CocoMetric.
+val_evaluator = dict(_delete_=True, type="CocoMetric", metric=["bbox", "segm"], format_only=False)
+test_evaluator = val_evaluator
 
 optim_wrapper = dict(
     _delete_=True,

@@ -67,8 +67,10 @@ val_dataloader = dict(
     batch_size=1, num_workers=0, persistent_workers=False, dataset=dict(data_root=data_root, pipeline=test_pipeline)
 )
 test_dataloader = val_dataloader
-val_evaluator = None  # evaluation is tasks/evaluation/coco.py (torchmetrics), not mmseg's IoUMetric
-test_evaluator = None
+# mIoU (with aAcc, mAcc), as mmseg's base config asks (docs/evaluation.md): computed by
+# tasks/evaluation/segmentation.py, equal to mmseg's IoUMetric; iou_metrics=['mIoU', 'mDice', ...] runs mmseg's.
+val_evaluator = dict(type="IoUMetric", iou_metrics=["mIoU"])
+test_evaluator = val_evaluator
 
 optim_wrapper = dict(
     _delete_=True,
