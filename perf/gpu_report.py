@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from .models import build, dense_stoken_size
-from .official import load_official, ours_and_official
+from .models import build, dense_stoken_size, ours_and_official
+from .official import load_official
 from .report import Failure, cell, section
 from .variants import PAPER
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from backbones import HATNet, STViT, fast_paths
+from backbones import HATNet, STViT, fast_paths, load_pretrained
 
 FAMILIES = {"stvit": STViT, "hatnet": HATNet}
 BASELINES = ("reference", "swin-t", "resnet50")
@@ -148,6 +148,24 @@ def model_and_input(name: str, s: Setting):
     model = model_for(name, s)
     torch.manual_seed(1)
     return model, torch.randn(s.batch, 3, *s.size, device=s.device)
+
+
+def ours_and_official(module, family: str, arch: str = "small", stoken_size=None) -> tuple[nn.Module, nn.Module]:
+    """(ours, official): the official model (``perf.official.OfficialStages``) and our backbone carrying its
+    weights, loaded by ``backbones.load_pretrained`` exactly as a released checkpoint is.
+
+    Args:
+        module: the official model file, as ``perf.official.load_official`` returned it.
+        family: the family of that file.
+        arch: the variant of both.
+        stoken_size: STViT super-token sizes per stage (None: the preset's).
+    """
+    from .official import build_official
+
+    official = build_official(module, family, arch, stoken_size)
+    ours = build("ours", family, arch, stoken_size)
+    load_pretrained(ours, official.model.state_dict())
+    return ours, official
 
 
 def dense_stoken_size(config=COCO_CONFIG) -> list[int]:

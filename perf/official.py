@@ -18,8 +18,6 @@ import torch
 import torch.nn as nn
 from torchvision.ops import StochasticDepth
 
-from backbones import load_pretrained
-
 REPOS = "hhb072/STViT (models/stvit.py) or yun-liu/HAT-Net (HAT_Net.py)"
 
 
@@ -132,17 +130,6 @@ def build_official(module, family: str, arch: str, stoken_size=None) -> Official
     else:
         model = builder()
     return OfficialStages(model, family)
-
-
-def ours_and_official(module, family: str, arch: str = "small", stoken_size=None) -> tuple[nn.Module, OfficialStages]:
-    """(ours, official): the official model and our backbone carrying its weights, loaded by
-    ``backbones.load_pretrained`` exactly as a released checkpoint is."""
-    from .models import build
-
-    official = build_official(module, family, arch, stoken_size)
-    ours = build("ours", family, arch, stoken_size)
-    load_pretrained(ours, official.model.state_dict())
-    return ours, official
 
 
 def max_relative_difference(a_outs, b_outs) -> float:

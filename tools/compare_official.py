@@ -24,8 +24,8 @@ import argparse
 import torch
 
 from perf.memory import peak_memory_gib
-from perf.models import Setting
-from perf.official import REPOS, load_official, max_relative_difference, ours_and_official
+from perf.models import Setting, ours_and_official
+from perf.official import REPOS, load_official, max_relative_difference
 from perf.report import write_json
 from perf.timing import time_models
 

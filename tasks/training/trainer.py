@@ -218,7 +218,7 @@ def build_trainer(
                 )
         if kwargs.get("logger", True) is True:
             kwargs["logger"] = build_loggers(cfg, work_dir)
-            callbacks.append(RunReport(cfg))
+            callbacks.append(RunReport(cfg, trainer_kwargs(cfg)))
         if (
             is_iteration_based(kwargs)
             and kwargs.get("enable_progress_bar", True)
