@@ -29,7 +29,6 @@ from ._common import (
     StagedBackbone,
     check_arch_lengths,
     check_input,
-    check_out_indices,
     drop_path_rates,
     nchw,
     nhwc,
@@ -37,7 +36,6 @@ from ._common import (
     resolve_arch,
     shape_dependent_branches_traced,
 )
-from .pretrained import load_pretrained
 
 _GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
 # The released variants (official ``HAT_Net_tiny/small/medium/large``).
@@ -220,13 +218,9 @@ class HATNet(StagedBackbone):
     Args:
         arch: 'tiny' | 'small' | 'medium' | 'large' | 'shrunk' (tests and demos) or a dict with keys dims,
             head_dim, expansions, grid_sizes, ds_ratios, depths, kernel_sizes.
-        out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
-        drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the paper).
-        with_cp: activation checkpointing of every block in training (less memory, one more forward).
-        frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
         norm_eval: HAT-Net has GroupNorms only, so this has no effect (kept for mm config compatibility).
-        pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
-        norm_out: add a GroupNorm to each output (not in the official model; new, untrained weights).
+        out_indices, drop_path_rate, with_cp, frozen_stages, pretrained, norm_out: as in ``StagedBackbone``
+            (the output norm is a GroupNorm).
     """
 
     family = "hatnet"
@@ -250,9 +244,7 @@ class HATNet(StagedBackbone):
         bad = [d for d in arch["dims"] if d % arch["head_dim"]]
         if bad:
             raise ValueError(f"HAT-Net arch: dims {bad} are not divisible by head_dim {arch['head_dim']}")
-        self.arch = arch
-        self.out_indices = check_out_indices(out_indices)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self._setup_options(arch, out_indices, frozen_stages, norm_eval, with_cp)
         dims = arch["dims"]
 
         self.patch_embed = nn.Sequential(
@@ -281,29 +273,9 @@ class HATNet(StagedBackbone):
         self.ds2 = Downsample(dims[0], dims[1])
         self.ds3 = Downsample(dims[1], dims[2])
         self.ds4 = Downsample(dims[2], dims[3])
-        self.norm_out = norm_out
-        if norm_out:
-            self.out_norms = nn.ModuleList(
-                [_gn(dims[i]) if i in self.out_indices else nn.Identity() for i in range(NUM_STAGES)]
-            )
-        depths = arch["depths"]
-        self._setup_outputs(
-            dims,
-            [
-                f"out_norms.{i}"
-                if norm_out and i in self.out_indices
-                else f"blocks.{i}.{depths[i] - 1}"
-                if depths[i]
-                else f"ds{i + 1}"
-                if i
-                else "patch_embed"
-                for i in range(NUM_STAGES)
-            ],
-        )
+        self._setup_outputs(dims, "blocks.{stage}.{block}", ["patch_embed", "ds2", "ds3", "ds4"], norm_out, _gn)
         self.apply(self._init_weights)
-        self._freeze()
-        if pretrained is not None:
-            load_pretrained(self, pretrained)
+        self._finish(pretrained)
 
     @staticmethod
     def _init_weights(m):  # the official initialisation
@@ -333,6 +305,5 @@ class HATNet(StagedBackbone):
                 x = ds(x)
             x = self._run_blocks(self.blocks[i], x)
             if i in self.out_indices:
-                # contiguous NCHW outputs: mmcv's RoIAlign misreads channels_last maps (see STViT)
-                outs.append((self.out_norms[i](x) if self.norm_out else x).contiguous())
+                outs.append(self._output(i, x))
         return tuple(outs)

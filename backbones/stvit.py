@@ -22,14 +22,12 @@ from ._common import (
     StagedBackbone,
     check_arch_lengths,
     check_input,
-    check_out_indices,
     drop_path_rates,
     nchw,
     nhwc,
     pad_to_multiple,
     resolve_arch,
 )
-from .pretrained import load_pretrained
 
 # The released variants (official ``stvit_small/base/large``).
 ARCHS = {
@@ -277,15 +275,10 @@ class STViT(StagedBackbone):
     Args:
         arch: 'small' | 'base' | 'large' | 'shrunk' (tests and demos) or a dict with keys embed_dims, depths,
             num_heads, n_iter, stoken_size, layerscale, init_values (optional mlp_ratio=4, qkv_bias=True).
-        out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
-        drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the paper).
-        with_cp: activation checkpointing of every block in training (less memory, one more forward).
-        frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
-        norm_eval: keep the BatchNorms in eval mode (running statistics) while training.
-        pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
         stoken_size: per-stage super-token sizes overriding the arch's (e.g. for dense inputs); an
             entry of 1 means plain global self-attention in that stage; an entry may be an (h, w) pair.
-        norm_out: add a LayerNorm to each output (not in the official model; new, untrained weights).
+        out_indices, drop_path_rate, with_cp, frozen_stages, norm_eval, pretrained, norm_out: as in
+            ``StagedBackbone`` (the output norm is a LayerNorm).
     """
 
     family = "stvit"
@@ -312,9 +305,7 @@ class STViT(StagedBackbone):
         for dim, heads in zip(arch["embed_dims"], arch["num_heads"]):
             if dim % heads:
                 raise ValueError(f"STViT arch: embed dim {dim} is not divisible by its num_heads {heads}")
-        self.arch = arch
-        self.out_indices = check_out_indices(out_indices)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self._setup_options(arch, out_indices, frozen_stages, norm_eval, with_cp)
         dims = arch["embed_dims"]
 
         self.patch_embed = PatchEmbed(dims[0])
@@ -341,28 +332,11 @@ class STViT(StagedBackbone):
             )
             downsample = PatchMerging(dims[i], dims[i + 1]) if i < NUM_STAGES - 1 else None
             self.layers.append(_Layer(blocks, downsample))
-        self.norm_out = norm_out
-        if norm_out:
-            self.out_norms = nn.ModuleList(
-                [LayerNorm2d(dims[i], eps=1e-6) if i in self.out_indices else nn.Identity() for i in range(NUM_STAGES)]
-            )
-        depths = arch["depths"]
+        entries = ["patch_embed"] + [f"layers.{i}.downsample" for i in range(NUM_STAGES - 1)]
         self._setup_outputs(
-            dims,
-            [
-                f"out_norms.{i}"
-                if norm_out and i in self.out_indices
-                else f"layers.{i}.blocks.{depths[i] - 1}"
-                if depths[i]
-                else f"layers.{i - 1}.downsample"
-                if i
-                else "patch_embed"
-                for i in range(NUM_STAGES)
-            ],
+            dims, "layers.{stage}.blocks.{block}", entries, norm_out, lambda c: LayerNorm2d(c, eps=1e-6)
         )
-        self._freeze()
-        if pretrained is not None:
-            load_pretrained(self, pretrained)
+        self._finish(pretrained)
 
     # freezing (see StagedBackbone.frozen_modules)
     def stem_modules(self):
@@ -379,9 +353,7 @@ class STViT(StagedBackbone):
         for i, layer in enumerate(self.layers):
             x = self._run_blocks(layer.blocks, x)
             if i in self.out_indices:
-                # Outputs in the standard contiguous NCHW layout: consumers such as mmcv's RoIAlign index
-                # their input's memory as NCHW and silently misread channels_last tensors.
-                outs.append((self.out_norms[i](x) if self.norm_out else x).contiguous())
+                outs.append(self._output(i, x))
             if layer.downsample is not None:
                 x = layer.downsample(x)
         return tuple(outs)
