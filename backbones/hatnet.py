@@ -15,6 +15,7 @@ only; the only effect of padding is that border windows hold fewer pixels than `
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -36,6 +37,8 @@ from ._common import (
     resolve_arch,
     shape_dependent_branches_traced,
 )
+from .attention_maps import global_record, window_record
+from .families import Family, OfficialCode, register
 
 _GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
 # The released variants (official ``HAT_Net_tiny/small/medium/large``).
@@ -307,3 +310,42 @@ class HATNet(StagedBackbone):
             if i in self.out_indices:
                 outs.append(self._output(i, x))
         return tuple(outs)
+
+
+# --- the family record (backbones.families) -------------------------------------------------------------
+def _attention_modules(model: HATNet) -> dict:
+    return {(i, j): blk.attn for i, stage in enumerate(model.blocks) for j, blk in enumerate(stage)}
+
+
+def _official_stages(model, x):
+    return model.patch_embed(x), list(zip(model.blocks, (model.ds2, model.ds3, model.ds4, None)))
+
+
+def _head_cost(channels: int) -> tuple[int, int]:
+    """A linear layer to 1000 classes."""
+    return channels * 1000 + 1000, channels * 1000
+
+
+FAMILY = register(
+    Family(
+        name="hatnet",
+        cls=HATNet,
+        type_name="HATNet",
+        title="HAT-Net",
+        sizes={**ARCHS, "shrunk": SHRUNK},
+        released=tuple(ARCHS),
+        key_pattern=re.compile(r"^blocks\.\d+\.\d+\.|^ds[234]\.conv\."),
+        signature_keys=("blocks.{}.0.attn.proj.weight", r"^blocks\.{}\.(\d+)\."),
+        attention_modules=_attention_modules,
+        probes={"window_weights": window_record, "global_weights": global_record},
+        picture="hat",
+        official=OfficialCode(
+            repo="yun-liu/HAT-Net (HAT_Net.py)",
+            classes=("HAT_Net",),
+            prefix="HAT_Net_",
+            build=lambda builder, stoken_size: builder(),
+            stages=_official_stages,
+        ),
+        head_cost=_head_cost,
+    )
+)

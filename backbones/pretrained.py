@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from .families import FAMILIES, family_of, get
+
 logger = logging.getLogger("backbones")
 
 # Classes that may appear in trusted-format checkpoints besides tensors and Python builtins: the
@@ -177,16 +179,10 @@ def _check_content_matches_extension(path: str) -> None:
 
 
 # --- finding the backbone tensors ------------------------------------------------------------------------
-_FAMILY_PATTERNS = {
-    "stvit": re.compile(r"^layers\.\d+\.blocks\.\d+\.|^patch_embed\.proj\.\d+\."),
-    "hatnet": re.compile(r"^blocks\.\d+\.\d+\.|^ds[234]\.conv\."),
-}
-
-
 def detect_family(keys) -> str | None:
-    counts = {fam: sum(1 for k in keys if pat.search(k)) for fam, pat in _FAMILY_PATTERNS.items()}
-    best = max(counts, key=counts.get)
-    return best if counts[best] else None
+    """The name of the registered family whose keys these are (``backbones.families.family_of``), or None."""
+    family = family_of(list(keys))
+    return family.name if family else None
 
 
 def _is_state_dict(obj) -> bool:
@@ -245,10 +241,7 @@ def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]
 
 def arch_signature(sd: Mapping[str, torch.Tensor], family: str) -> tuple | None:
     """(channels per stage, blocks per stage) read from a state dict, to name variants in errors."""
-    if family == "stvit":
-        key, pat = "layers.{}.blocks.0.pos_embed.conv.weight", r"^layers\.{}\.blocks\.(\d+)\."
-    else:
-        key, pat = "blocks.{}.0.attn.proj.weight", r"^blocks\.{}\.(\d+)\."
+    key, pat = get(family).signature_keys
     try:
         dims = tuple(sd[key.format(i)].shape[0] for i in range(4))
     except KeyError:
@@ -296,7 +289,7 @@ def load_pretrained(model: nn.Module, checkpoint: str | os.PathLike | Mapping, p
         A LoadReport listing the loaded, skipped and newly initialised keys and the export's meta.
     """
     family = getattr(model, "family", None)
-    if family not in ("stvit", "hatnet"):
+    if family not in FAMILIES:
         raise TypeError(f"load_pretrained expects an STViT or HATNet model, got {type(model).__name__}")
     source = os.fspath(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else "<in-memory checkpoint>"
     obj, st_meta = read_checkpoint(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else (checkpoint, {})

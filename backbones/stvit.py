@@ -8,7 +8,9 @@ block, before the PatchMerging that starts the next stage: the same tensor the o
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -28,6 +30,8 @@ from ._common import (
     pad_to_multiple,
     resolve_arch,
 )
+from .attention_maps import stoken_record
+from .families import Family, OfficialCode, register
 
 # The released variants (official ``stvit_small/base/large``).
 ARCHS = {
@@ -357,3 +361,73 @@ class STViT(StagedBackbone):
             if layer.downsample is not None:
                 x = layer.downsample(x)
         return tuple(outs)
+
+
+# --- the family record (backbones.families) -------------------------------------------------------------
+def _attention_modules(model: STViT) -> dict:
+    return {(i, j): blk.attn for i, layer in enumerate(model.layers) for j, blk in enumerate(layer.blocks)}
+
+
+def _stoken_stages(model: STViT) -> list[int]:
+    """The stages with super tokens larger than a pixel: only they have an association map."""
+    sizes = [s if isinstance(s, (list, tuple)) else (s,) for s in model.arch["stoken_size"]]
+    return [i for i, s in enumerate(sizes) if max(s) > 1]
+
+
+_IDENTITY_KERNEL_SHAPE = (9, 1, 3, 3)  # the official Unfold/Fold: torch.eye(9).reshape(9, 1, 3, 3)
+
+
+def _official_extras(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The constant identity kernels of the official conv-based Unfold / Fold
+    (``layers.i.blocks.j.attn.{unfold,fold}.weights``) of every block of ``sd``."""
+    blocks = sorted({m.group(0) for k in sd if (m := re.match(r"layers\.\d+\.blocks\.\d+\.attn\.", k))})
+    if not blocks:
+        raise ValueError("No STViT attention blocks (layers.i.blocks.j.attn.*) in the state dict.")
+    eye = torch.eye(9).reshape(_IDENTITY_KERNEL_SHAPE)
+    return {b + name: eye.clone() for b in blocks for name in ("unfold.weights", "fold.weights")}
+
+
+def _official_build(builder, stoken_size):
+    model = builder(SimpleNamespace(drop=0.0, drop_path=0.0))  # its training script's args
+    for layer, size in zip(model.layers, stoken_size or ()):
+        for block in layer.blocks:  # read at every forward: the same switch as our stoken_size argument
+            block.attn.stoken_size = (size, size)
+    return model
+
+
+def _official_stages(model, x):
+    return model.pos_drop(model.patch_embed(x)), [(layer.blocks, layer.downsample) for layer in model.layers]
+
+
+def _head_cost(channels: int) -> tuple[int, int]:
+    """1x1 conv to 1024 + BN + linear to 1000 at 7x7."""
+    return channels * 1024 + 1024 + 2 * 1024 + 1024 * 1000 + 1000, channels * 1024 * 49 + 1024 * 1000
+
+
+FAMILY = register(
+    Family(
+        name="stvit",
+        cls=STViT,
+        type_name="STViT",
+        title="STViT",
+        sizes={**ARCHS, "shrunk": SHRUNK},
+        released=tuple(ARCHS),
+        key_pattern=re.compile(r"^layers\.\d+\.blocks\.\d+\.|^patch_embed\.proj\.\d+\."),
+        signature_keys=("layers.{}.blocks.0.pos_embed.conv.weight", r"^layers\.{}\.blocks\.(\d+)\."),
+        attention_modules=_attention_modules,
+        probes={"association": stoken_record},
+        picture="stoken",
+        attention_stages=_stoken_stages,
+        no_map_reason="stoken_size 1 there (plain global attention, no super tokens)",
+        official_extras=_official_extras,
+        official=OfficialCode(
+            repo="hhb072/STViT (models/stvit.py)",
+            classes=("STViT", "StokenAttention"),
+            prefix="stvit_",
+            build=_official_build,
+            stages=_official_stages,
+        ),
+        options=frozenset({"stoken_size"}),
+        head_cost=_head_cost,
+    )
+)
