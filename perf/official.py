@@ -81,7 +81,8 @@ def load_official(path) -> tuple[types.ModuleType, str]:
     for family in FAMILIES.values():
         if family.official and all(hasattr(module, name) for name in family.official.classes):
             return module, family.name
-    raise SystemExit(f"{path} is the model file of no registered family: pass the model file of {REPOS}")
+    wanted = "; ".join(f"{f.title}: {', '.join(f.official.classes)}" for f in FAMILIES.values() if f.official)
+    raise SystemExit(f"{path} defines the official classes of no family ({wanted}): pass the model file of {REPOS}")
 
 
 class OfficialStages(nn.Module):
