@@ -1,5 +1,5 @@
-"""The shape of the backbones/ package: feature_info names real modules (import circles:
-tests/test_import_cycles.py; no training framework: tests/test_layering.py)."""
+"""feature_info of both families names the modules whose outputs are the stage outputs (the package's import
+circles: tests/test_import_cycles.py; no training framework: tests/test_layering.py)."""
 
 import pytest
 import torch
