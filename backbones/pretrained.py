@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from .families import FAMILIES, family_of, get
 from .weights import (  # noqa: F401 - SAFE_GLOBALS, StateDictDiff, check_checkpoint_path: their old home
     SAFE_GLOBALS,
     CheckpointError,
@@ -49,16 +50,10 @@ class LoadReport:
 
 
 # --- finding the backbone tensors ------------------------------------------------------------------------
-_FAMILY_PATTERNS = {
-    "stvit": re.compile(r"^layers\.\d+\.blocks\.\d+\.|^patch_embed\.proj\.\d+\."),
-    "hatnet": re.compile(r"^blocks\.\d+\.\d+\.|^ds[234]\.conv\."),
-}
-
-
 def detect_family(keys) -> str | None:
-    counts = {fam: sum(1 for k in keys if pat.search(k)) for fam, pat in _FAMILY_PATTERNS.items()}
-    best = max(counts, key=counts.get)
-    return best if counts[best] else None
+    """The name of the registered family whose keys these are (``backbones.families.family_of``), or None."""
+    family = family_of(list(keys))
+    return family.name if family else None
 
 
 def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]:
@@ -109,10 +104,7 @@ def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]
 
 def arch_signature(sd: Mapping[str, torch.Tensor], family: str) -> tuple | None:
     """(channels per stage, blocks per stage) read from a state dict, to name variants in errors."""
-    if family == "stvit":
-        key, pat = "layers.{}.blocks.0.pos_embed.conv.weight", r"^layers\.{}\.blocks\.(\d+)\."
-    else:
-        key, pat = "blocks.{}.0.attn.proj.weight", r"^blocks\.{}\.(\d+)\."
+    key, pat = get(family).signature_keys
     try:
         dims = tuple(sd[key.format(i)].shape[0] for i in range(4))
     except KeyError:
@@ -164,7 +156,7 @@ def load_pretrained(
         A LoadReport listing the loaded, skipped and newly initialised keys and the export's meta.
     """
     family = getattr(model, "family", None)
-    if family not in ("stvit", "hatnet"):
+    if family not in FAMILIES:
         raise TypeError(f"load_pretrained expects an STViT or HATNet model, got {type(model).__name__}")
     source = os.fspath(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else "<in-memory checkpoint>"
     from_file = isinstance(checkpoint, (str, os.PathLike))

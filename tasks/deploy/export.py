@@ -27,6 +27,7 @@ from backbones.export import (
     save_torch,
     tensor_sha256,
 )
+from backbones.families import FAMILIES, by_type_name, get
 from backbones.pretrained import CheckpointError, detect_family, state_dict_diff
 
 from ..config import register_scope
@@ -34,8 +35,6 @@ from .checkpoints import TrainingCheckpoint, config_from_text, read_training_che
 
 # meta ``weights`` -> what the tools print
 WEIGHTS = {"ema": "EMA weights", "raw": "raw weights"}
-# backbone config ``type`` -> family
-BACKBONE_TYPES = {"STViT": "stvit", "HATNet": "hatnet"}
 
 
 def backbone_config(cfg: Config | Mapping) -> tuple[str, dict]:
@@ -45,20 +44,16 @@ def backbone_config(cfg: Config | Mapping) -> tuple[str, dict]:
     if not isinstance(bcfg, Mapping) or "type" not in bcfg:
         raise ExportError("The config has no model.backbone with a 'type': cannot tell which backbone to export.")
     bcfg = bcfg.to_dict() if hasattr(bcfg, "to_dict") else dict(bcfg)
-    type_name = str(bcfg["type"]).rpartition(".")[2]
-    if type_name not in BACKBONE_TYPES:
-        raise ExportError(
-            f"model.backbone.type is {bcfg['type']!r}; only {sorted(BACKBONE_TYPES)} backbones can be exported."
-        )
-    return BACKBONE_TYPES[type_name], bcfg
+    family = by_type_name(bcfg["type"])
+    if family is None:
+        types = sorted(f.type_name for f in FAMILIES.values())
+        raise ExportError(f"model.backbone.type is {bcfg['type']!r}; only {types} backbones can be exported.")
+    return family.name, bcfg
 
 
 def build_backbone(family: str, bcfg: Mapping) -> torch.nn.Module:
     """The pure backbone (no weights loaded) described by a ``model.backbone`` config."""
-    from backbones import HATNet, STViT
-
-    cls = STViT if family == "stvit" else HATNet
-    return cls(**{k: v for k, v in bcfg.items() if k not in ("type", "init_cfg", "pretrained")})
+    return get(family).cls(**{k: v for k, v in bcfg.items() if k not in ("type", "init_cfg", "pretrained")})
 
 
 # --- checks ----------------------------------------------------------------------------------------------

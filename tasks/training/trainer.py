@@ -227,7 +227,7 @@ def build_trainer(
             callbacks.append(ParamsSummary())
         if kwargs.get("logger", True) is True:
             kwargs["logger"] = build_loggers(cfg, work_dir)
-            callbacks += [RunReport(cfg), StepTime()]
+            callbacks += [RunReport(cfg, trainer_kwargs(cfg)), StepTime()]
         if (
             is_iteration_based(kwargs)
             and kwargs.get("enable_progress_bar", True)
