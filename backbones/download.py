@@ -29,6 +29,7 @@ import urllib.request
 import torch.hub
 
 from .atomic import atomic_write
+from .errors import CheckpointError
 
 logger = logging.getLogger("backbones")
 
@@ -113,8 +114,6 @@ def fetch(url: str, sha256: str | None = None) -> str:
     Raises ``CheckpointError`` for a hash mismatch (the file is deleted; both hashes in the message) and for a
     download that fails (the message names the URL and the cache path to fill by hand).
     """
-    from .weights import CheckpointError
-
     try:
         base, _ = split_url(url)
         expected, origin = _expected(url, sha256)

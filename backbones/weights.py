@@ -21,13 +21,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from .errors import CheckpointError  # noqa: F401 - raised here, imported from here by the callers
+
 # Classes that may appear in trusted-format checkpoints besides tensors and Python builtins: the
 # official DeiT-style training scripts store their `args` as an argparse.Namespace.
 SAFE_GLOBALS = [argparse.Namespace]
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read or loaded into the given model; the message names the problem."""
 
 
 def _summary(keys: list[str], n: int = 6) -> str:
