@@ -48,7 +48,8 @@ def _only(*fields: str) -> Callable[[Any], bool]:
 
 _BASE_VARIABLES = (
     # mmdet's / mmseg's bases: names their own sections are written with
-    "albu_train_transforms backbone_norm_cfg batch_size branch_field checkpoint checkpoint_file color_space crop_size data_preprocessor data_root "
+    "albu_train_transforms backbone_norm_cfg batch_size branch_field checkpoint checkpoint_file color_space "
+    "crop_size data_preprocessor data_root "
     "dataset_aug dataset_train dataset_type dataset_version geometric img_ratios img_scale input_size "
     "labeled_dataset metainfo norm_cfg num_classes num_workers optimizer scale stable_diffusion_cfg strong_pipeline "
     "sup_pipeline test_img_scale test_pipeline train_ann train_img_scale train_pipeline tta_pipeline unlabeled_dataset "
