@@ -19,6 +19,8 @@ import time
 
 import torch
 
+import backbones
+
 TARGETS = ("eager", "backbone", "model")
 
 
@@ -39,9 +41,11 @@ def run_target(cfg, target: str, batches: list, backend: str) -> list[float]:
     torch.manual_seed(0)
     module, _ = build_task(cfg, init_weights=True)
     model = module.model.train()
+    backbones.set_fast_paths(True)  # eager as without `compile`; compile_model switches them off
     if target == "backbone":
         compile_model(model, dict(backend=backend))
     elif target == "model":
+        backbones.set_fast_paths(False)
         model.compile(backend=backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []

@@ -14,6 +14,7 @@ import mmseg
 import pytest
 from mmengine.config import Config
 
+import backbones
 from tasks.config import load_config
 from tasks.config_keys import SECTIONS, _scheduler_args, check_keys, keys_of, markdown
 from tasks.training.compile import compile_options
@@ -137,11 +138,13 @@ def test_compiled_training_matches_the_eager_run(data_opts, tmp_path):
         "tiny_ade20k", "trainer.max_steps=2", "trainer.limit_val_batches=0", "checkpoint_callback.monitor=None"
     )
     runs = {}
-    for name, extra in (("eager", []), ("compiled", ["compile.backend=aot_eager"])):
-        probe = _Losses()
-        argv = [SEG_CFG, "--work-dir", str(tmp_path / name), "--cfg-options", *opts, *extra]
-        load_tool("train").main(argv, callbacks=[probe])
-        runs[name] = probe
+    with backbones.fast_paths(True):  # compiling switches them off for the process: restored on the way out
+        for name, extra in (("eager", []), ("compiled", ["compile.backend=aot_eager"])):
+            probe = _Losses()
+            argv = [SEG_CFG, "--work-dir", str(tmp_path / name), "--cfg-options", *opts, *extra]
+            load_tool("train").main(argv, callbacks=[probe])
+            runs[name] = probe
+        assert not backbones.fast_paths_enabled()
     assert runs["eager"].compiled == [] and runs["compiled"].compiled == ["backbone"]  # UPerNet has no neck
     assert len(runs["compiled"].losses) == 2
     assert runs["compiled"].losses == pytest.approx(runs["eager"].losses, rel=1e-4)

@@ -14,6 +14,8 @@ import inspect
 import torch
 from torch import nn
 
+import backbones
+
 # torch.compile's keyword arguments (the first parameter is the model)
 COMPILE_ARGS = tuple(list(inspect.signature(torch.compile).parameters)[1:])
 
@@ -66,7 +68,8 @@ def _check_cpp_compiler() -> None:
 
 
 def compile_model(model: nn.Module, spec) -> list[str]:
-    """Compile the backbone and the neck of an mm model in place, as the config's ``compile`` asks.
+    """Compile the backbone and the neck of an mm model in place, as the config's ``compile`` asks; the
+    backbones' fast paths are switched off (``backbones.set_fast_paths(False)``) for the process.
 
     Args:
         model: the mm detector / segmentor.
@@ -78,6 +81,10 @@ def compile_model(model: nn.Module, spec) -> list[str]:
     options = compile_options(spec)
     if options is None:
         return []
+    # The backbones' fast paths (channels_last layout and views over it, tuned for eager CPU) are switched off for
+    # the process: AOT autograd replays their views on tensors of other strides and fails ("view size is not
+    # compatible"); the compiler does its own fusion and layout choice on the plain formulation.
+    backbones.set_fast_paths(False)
     names = [name for name in ("backbone", "neck") if isinstance(getattr(model, name, None), nn.Module)]
     for name in names:
         getattr(model, name).compile(**options)
