@@ -15,6 +15,8 @@ from typing import Any
 from mmengine.config import Config, DictAction
 from mmengine.registry import Registry, init_default_scope
 
+from .config_keys import check_keys
+
 SCOPES = ("mmdet", "mmseg")
 CFG_OPTIONS_HELP = "override config keys (values parsed as literals)"
 
@@ -42,8 +44,14 @@ def parse_cfg_options(options: list[str]) -> dict:
 
 
 def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Config:
-    """Read an mmengine config (``_base_`` / ``mmdet::`` inheritance, ``custom_imports``) and apply
-    ``--cfg-options`` overrides (already parsed to literals by mmengine's ``DictAction``)."""
+    """Read an mmengine config (``_base_`` / ``mmdet::`` inheritance, ``custom_imports``), apply
+    ``--cfg-options`` overrides (already parsed to literals by mmengine's ``DictAction``) and check its keys
+    against the key table (``tasks.config_keys.check_keys``: unknown and refused keys raise a ValueError).
+
+    Args:
+        path: the config file.
+        cfg_options: the parsed ``--cfg-options``.
+    """
     cfg = Config.fromfile(os.fspath(path))
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -52,6 +60,7 @@ def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Con
         raise ValueError(
             f"{path}: default_scope must be one of {SCOPES} (inherit an mmdet:: or mmseg:: base config), got {scope!r}"
         )
+    check_keys(cfg, os.fspath(path))
     return cfg
 
 

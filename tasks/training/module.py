@@ -7,7 +7,8 @@ its losses (``parse_losses``) and its ``predict`` post-processing. Evaluation is
 (``tasks/evaluation/coco.py``, ``segmentation.py``) or mm's metric classes, updated per batch and computed once
 per epoch.
 
-Non-finite losses follow the config's ``nonfinite_loss`` policy (tasks/training/nonfinite.py).
+Non-finite losses follow the config's ``nonfinite_loss`` policy (tasks/training/nonfinite.py); the config's
+``compile`` compiles the backbone and neck for training (tasks/training/compile.py).
 
 State that is not the task's own lives in Lightning callbacks (tasks/training/callbacks.py, added by
 ``tasks.training.trainer.build_trainer``): the RNG states saved in checkpoints and restored on resume, BatchNorm
@@ -31,6 +32,7 @@ from torchmetrics import Metric
 from ..config import build_from_registry, config_text, register_scope
 from ..evaluation.select import build_evaluators, check_monitor
 from ..evaluation.tta import TTAPredictor
+from .compile import compile_model, compile_options
 from .nonfinite import NonFiniteLossPolicy
 from .optim import build_optimizer, build_schedulers, scale_lr
 
@@ -59,6 +61,8 @@ class MMTaskModule(L.LightningModule):
         evaluate_test: False makes test steps only predict, without ground truth or metrics
             (``tools/test.py --format-only``); True by default.
         nonfinite: the ``nonfinite_loss`` policy and its state (``NonFiniteLossPolicy``).
+        compiled: the submodules that the config's ``compile`` compiled when training started
+            (tasks/training/compile.py).
     """
 
     scope: str = ""
@@ -83,6 +87,14 @@ class MMTaskModule(L.LightningModule):
         self.evaluate_test = True
         self.tta: TTAPredictor | None = None  # tasks.evaluation.tta.enable_tta sets it
         self.nonfinite = NonFiniteLossPolicy(self.cfg.get("nonfinite_loss"))
+        compile_options(self.cfg.get("compile"))  # a bad `compile` value fails here, before any data is read
+        self.compiled: list[str] = []  # the submodules compiled for training (on_fit_start)
+
+    def on_fit_start(self) -> None:
+        # The config's `compile` is mmengine's switch for training (it compiles train_step); tools/test.py's
+        # evaluation stays eager. Compiled once per module; validation inside fit runs the compiled parts too.
+        if not self.compiled:
+            self.compiled = compile_model(self.model, self.cfg.get("compile"))
 
     # ---- subclass hooks -------------------------------------------------------------------------
     @staticmethod

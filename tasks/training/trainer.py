@@ -3,8 +3,9 @@
 ``trainer = dict(...)`` holds ``lightning.Trainer`` keyword arguments only (unknown keys are rejected,
 listing the valid ones). Defaults come from the mm sections when the trainer section is silent:
 ``train_cfg`` (epochs / iterations, validation interval), ``optim_wrapper.clip_grad`` (gradient
-clipping) and ``optim_wrapper.accumulative_counts`` (gradient accumulation). ``loggers = [dict(type=...), ...]``
-holds Lightning logger classes (experiment trackers: tasks/training/trackers.py).
+clipping), ``optim_wrapper.accumulative_counts`` (gradient accumulation), ``optim_wrapper.type='AmpOptimWrapper'``
+(precision), ``default_hooks.logger.interval`` and ``env_cfg.cudnn_benchmark`` (docs/config_keys.md).
+``loggers = [dict(type=...), ...]`` holds Lightning logger classes (experiment trackers: tasks/training/trackers.py).
 
 Gradient accumulation (``optim_wrapper.accumulative_counts = N``, mm's key, or ``trainer.accumulate_grad_batches
 = N``): one optimizer step per N batches, on the mean of their gradients (Lightning divides each batch's loss by
@@ -107,6 +108,22 @@ def _accumulation(kwargs: dict, optim_cfg: dict) -> int:
     return next(iter(given.values()), 1)
 
 
+def _mm_defaults(cfg: Config, kwargs: dict, optim_cfg: dict) -> None:
+    """Trainer arguments that mm sections imply when the trainer section is silent (docs/config_keys.md):
+    ``default_hooks.logger.interval`` -> ``log_every_n_steps``, ``env_cfg.cudnn_benchmark`` -> ``benchmark``,
+    ``optim_wrapper.type='AmpOptimWrapper'`` -> ``precision`` (``bf16-mixed`` for ``dtype='bfloat16'``, else
+    ``16-mixed``, whose loss scaling is dynamic like mm's default)."""
+    interval = ((cfg.get("default_hooks") or {}).get("logger") or {}).get("interval")
+    if interval is not None:
+        kwargs.setdefault("log_every_n_steps", interval)
+    benchmark = (cfg.get("env_cfg") or {}).get("cudnn_benchmark")
+    if benchmark is not None:
+        kwargs.setdefault("benchmark", bool(benchmark))
+    if optim_cfg.get("type") == "AmpOptimWrapper":
+        bf16 = str(optim_cfg.get("dtype")) in ("bfloat16", "torch.bfloat16")
+        kwargs.setdefault("precision", "bf16-mixed" if bf16 else "16-mixed")
+
+
 def _uses_gpu(accelerator) -> bool:
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
@@ -131,6 +148,7 @@ def trainer_kwargs(cfg: Config) -> dict:
             kwargs.setdefault("check_val_every_n_epoch", train_cfg.get("val_interval", 1))
 
     optim_cfg = cfg.get("optim_wrapper") or {}
+    _mm_defaults(cfg, kwargs, optim_cfg)
     clip = dict(optim_cfg.get("clip_grad") or {})
     if clip and "gradient_clip_val" not in kwargs:
         algorithm = clip.pop("type", "norm")
