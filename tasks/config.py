@@ -13,11 +13,11 @@ import re
 from typing import Any
 
 from mmengine.config import Config, DictAction
-from mmengine.registry import Registry, init_default_scope
+from mmengine.registry import Registry
 
 from .config_keys import check_keys
+from .scopes import SCOPES, register_scope  # noqa: F401 - register_scope: imported from here by the rooms
 
-SCOPES = ("mmdet", "mmseg")
 CFG_OPTIONS_HELP = "override config keys (values parsed as literals)"
 
 
@@ -62,19 +62,6 @@ def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Con
         )
     check_keys(cfg, os.fspath(path))
     return cfg
-
-
-def register_scope(scope: str) -> None:
-    """Import every mmdet / mmseg module into its registries and make ``scope`` the default scope, so
-    that ``type='Resize'`` etc. resolve in that library (mmengine's Runner does the same)."""
-    if scope == "mmdet":
-        from mmdet.utils import register_all_modules
-    elif scope == "mmseg":
-        from mmseg.utils import register_all_modules
-    else:
-        raise ValueError(f"unknown scope {scope!r}, expected one of {SCOPES}")
-    register_all_modules(init_default_scope=False)
-    init_default_scope(scope)
 
 
 def config_text(cfg: Config) -> str:

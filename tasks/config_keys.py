@@ -65,7 +65,7 @@ def _scheduler_args(scheduler_type: str, scope: str | None) -> set[str] | None:
 
     cls = PARAM_SCHEDULERS.get(scheduler_type)
     if cls is None and scope:
-        from .config import register_scope
+        from .scopes import register_scope
 
         register_scope(scope)  # mmdet's / mmseg's own schedulers (e.g. PolyLRRatio) register on import
         cls = PARAM_SCHEDULERS.get(f"{scope}.{scheduler_type}")
