@@ -14,8 +14,8 @@ from backbones.hatnet import SHRUNK as HATNET_T  # noqa: F401  (the 'shrunk' pre
 from backbones.stvit import SHRUNK as STVIT_T  # noqa: F401
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py")
-SEG_CFG = osp.join(REPO, "configs/demo/upernet_hat-net-t_tiny-ade20k.py")
+DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py")
+SEG_CFG = osp.join(REPO, "configs/demo/upernet_hat-net-demo_tiny-ade20k.py")
 
 # The session's tiny sets (conftest.py's ``tiny_data``), (train, val) images. 4 COCO training images make 2
 # batches of 2; 8 ADE20K ones make 4 batches of 2 (2 per rank under 2-process DDP); 3 validation images split

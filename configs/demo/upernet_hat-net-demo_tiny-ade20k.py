@@ -1,6 +1,6 @@
 # UPerNet with the shrunk HAT-Net (arch="shrunk") on the synthetic tiny ADE20K
 # (python tools/make_tiny_data.py --out data). Sized to train in a few minutes on 2 CPU cores:
-#   python tools/train.py configs/demo/upernet_hat-net-t_tiny-ade20k.py
+#   python tools/train.py configs/demo/upernet_hat-net-demo_tiny-ade20k.py
 _base_ = "mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py"
 custom_imports = dict(imports=["backbones"], allow_failed_imports=False)
 

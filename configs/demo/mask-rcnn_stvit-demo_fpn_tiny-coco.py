@@ -1,6 +1,6 @@
 # Mask R-CNN + FPN with the shrunk STViT (arch="shrunk") on the synthetic tiny COCO
 # (python tools/make_tiny_data.py --out data). Sized to train in a few minutes on 2 CPU cores:
-#   python tools/train.py configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py
+#   python tools/train.py configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py
 _base_ = "mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py"
 custom_imports = dict(imports=["backbones"], allow_failed_imports=False)
 
