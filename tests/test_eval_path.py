@@ -1,4 +1,4 @@
-"""Process memory of the evaluation paths (issue 20), measured by the perf package on real runs in child
+"""Process memory of the evaluation paths, measured by the perf package on real runs in child
 processes: the segmentation evaluator at ADE20K image size against mmseg's IoUMetric, ``tools/test.py`` on the
 demo Mask R-CNN with 100 masks per image against the same run with mmdet's CocoMetric, and validation inside
 ``tools/train.py``. Bounds are wide (memory is steadier than time on a shared machine); each sits well above
@@ -50,7 +50,7 @@ def test_segmentation_evaluator_names_a_label_out_of_range(field):
 @pytest.mark.slow
 def test_validation_inside_training_does_not_grow(tmp_path):
     # tools/train.py, 3 epochs of one step each, a validation after each on 8 images with 100 masks per image:
-    # the process after the third validation within 10 % of itself after the first (issue 20's bound)
+    # the process after the third validation within 10 % of itself after the first
     result = eval_path.measure_validation(images=8, epochs=3, work=str(tmp_path), train_images=4)
     assert result["error"] is None
     assert len(result["after_validation"]) == 3 and all(e["images"] == 8 for e in result["epochs"])

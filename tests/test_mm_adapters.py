@@ -35,40 +35,12 @@ def test_build_from_registry_with_pretrained(tmp_path, registry, type_, cls, arc
 def test_detector_keys_are_backbone_keys_with_prefix(tmp_path):
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
+    from mmengine.registry import DefaultScope
     from mmengine.runner import save_checkpoint
 
-    register_all_modules()
-    det = MODELS.build(
-        dict(
-            type="RetinaNet",
-            data_preprocessor=dict(type="DetDataPreprocessor", mean=[0, 0, 0], std=[1, 1, 1], bgr_to_rgb=True),
-            backbone=dict(type="STViT", arch=STVIT_T, out_indices=(1, 2, 3)),
-            neck=dict(
-                type="FPN",
-                in_channels=[64, 128, 256],
-                out_channels=32,
-                start_level=0,
-                add_extra_convs="on_input",
-                num_outs=5,
-            ),
-            bbox_head=dict(
-                type="RetinaHead",
-                num_classes=3,
-                in_channels=32,
-                feat_channels=32,
-                anchor_generator=dict(
-                    type="AnchorGenerator",
-                    octave_base_scale=4,
-                    scales_per_octave=3,
-                    ratios=[0.5, 1.0, 2.0],
-                    strides=[8, 16, 32, 64, 128],
-                ),
-                bbox_coder=dict(type="DeltaXYWHBBoxCoder", target_means=[0.0] * 4, target_stds=[1.0] * 4),
-                loss_cls=dict(type="FocalLoss", use_sigmoid=True, gamma=2.0, alpha=0.25, loss_weight=1.0),
-                loss_bbox=dict(type="L1Loss", loss_weight=1.0),
-            ),
-        )
-    )
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope("mmdet"):  # another test of this process may have left mmseg's
+        det = _build_retinanet(MODELS)
     pure = STViT(STVIT_T, out_indices=(1, 2, 3))
     det_keys = [k[len("backbone.") :] for k in det.state_dict() if k.startswith("backbone.")]
     assert det_keys == list(pure.state_dict())
@@ -151,3 +123,38 @@ def test_plain_backbone_pretrained_url_is_refused_clearly():
         match=r"'open-mmlab://resnet50_v1c' is a URL .*cannot fetch.*local files and http\(s\):// URLs",
     ):
         STViT(STVIT_T, pretrained="open-mmlab://resnet50_v1c")
+
+
+def _build_retinanet(models):
+    """A tiny RetinaNet around the shrunk STViT."""
+    return models.build(
+        dict(
+            type="RetinaNet",
+            data_preprocessor=dict(type="DetDataPreprocessor", mean=[0, 0, 0], std=[1, 1, 1], bgr_to_rgb=True),
+            backbone=dict(type="STViT", arch=STVIT_T, out_indices=(1, 2, 3)),
+            neck=dict(
+                type="FPN",
+                in_channels=[64, 128, 256],
+                out_channels=32,
+                start_level=0,
+                add_extra_convs="on_input",
+                num_outs=5,
+            ),
+            bbox_head=dict(
+                type="RetinaHead",
+                num_classes=3,
+                in_channels=32,
+                feat_channels=32,
+                anchor_generator=dict(
+                    type="AnchorGenerator",
+                    octave_base_scale=4,
+                    scales_per_octave=3,
+                    ratios=[0.5, 1.0, 2.0],
+                    strides=[8, 16, 32, 64, 128],
+                ),
+                bbox_coder=dict(type="DeltaXYWHBBoxCoder", target_means=[0.0] * 4, target_stds=[1.0] * 4),
+                loss_cls=dict(type="FocalLoss", use_sigmoid=True, gamma=2.0, alpha=0.25, loss_weight=1.0),
+                loss_bbox=dict(type="L1Loss", loss_weight=1.0),
+            ),
+        )
+    )

@@ -117,7 +117,7 @@ def _mm_defaults(cfg: Config, kwargs: dict, optim_cfg: dict) -> None:
     if interval is not None:
         kwargs.setdefault("log_every_n_steps", interval)
     benchmark = (cfg.get("env_cfg") or {}).get("cudnn_benchmark")
-    if benchmark is not None:
+    if benchmark is not None and not kwargs.get("deterministic"):  # deterministic wins, as in mmengine's Runner
         kwargs.setdefault("benchmark", bool(benchmark))
     if optim_cfg.get("type") == "AmpOptimWrapper":
         bf16 = str(optim_cfg.get("dtype")) in ("bfloat16", "torch.bfloat16")
