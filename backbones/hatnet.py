@@ -104,12 +104,9 @@ class InvertedResidual(nn.Module):
         self.conv3 = nn.Sequential(nn.Conv2d(hidden, dim, 1, bias=False), _gn(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # conv3(conv2(conv1(x))); what lies between the two GroupNorms is row-local (ops.row_local: row chunks)
-        convs = (self.conv1[1], self.conv2[0], self.conv3[0])
-        return self.conv3[1](ops.row_local(self._between_norms, self.conv1[0](x), convs, self.conv1[1].out_channels))
-
-    def _between_norms(self, x: torch.Tensor) -> torch.Tensor:  # 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
-        return self.conv3[0](self.conv2(self.conv1[2](self.conv1[1](x))))
+        # conv3(conv2(conv1(x))); between the two GroupNorms: 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
+        between = (self.conv1[1], self.conv1[2], self.conv2[0], self.conv2[1], self.conv3[0])
+        return self.conv3[1](ops.inverted_residual(self.conv1[0](x), *between))
 
 
 def _heads(t: torch.Tensor, parts: int, num_heads: int) -> tuple[torch.Tensor, ...]:
