@@ -30,6 +30,7 @@ from ._common import (
     check_arch_lengths,
     check_input,
     check_out_indices,
+    check_with_cp,
     drop_path_rates,
     nchw,
     nhwc,
@@ -219,7 +220,8 @@ class HATNet(StagedBackbone):
             head_dim, expansions, grid_sizes, ds_ratios, depths, kernel_sizes.
         out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
         drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the paper).
-        with_cp: activation checkpointing of every block in training (less memory, one more forward).
+        with_cp: activation checkpointing of the blocks in training (less memory, one more forward): True / False
+            for every stage, or 4 bools, one per stage (e.g. ``[False, False, True, True]``).
         frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
         norm_eval: HAT-Net has GroupNorms only, so this has no effect (kept for mm config compatibility).
         pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
@@ -235,7 +237,7 @@ class HATNet(StagedBackbone):
         arch: str | dict = "small",
         out_indices: Sequence[int] = (0, 1, 2, 3),
         drop_path_rate: float = 0.0,
-        with_cp: bool = False,
+        with_cp: bool | Sequence[bool] = False,
         frozen_stages: int = -1,
         norm_eval: bool = False,
         pretrained: str | os.PathLike | Mapping | None = None,
@@ -249,7 +251,7 @@ class HATNet(StagedBackbone):
             raise ValueError(f"HAT-Net arch: dims {bad} are not divisible by head_dim {arch['head_dim']}")
         self.arch = arch
         self.out_indices = check_out_indices(out_indices)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, check_with_cp(with_cp)
         dims = arch["dims"]
 
         self.patch_embed = nn.Sequential(
@@ -328,7 +330,7 @@ class HATNet(StagedBackbone):
         for i, ds in enumerate(self._downsamples()):
             if ds is not None:
                 x = ds(x)
-            x = self._run_blocks(self.blocks[i], x)
+            x = self._run_blocks(self.blocks[i], x, i)
             if i in self.out_indices:
                 # contiguous NCHW outputs: mmcv's RoIAlign misreads channels_last maps (see STViT)
                 outs.append((self.out_norms[i](x) if self.norm_out else x).contiguous())

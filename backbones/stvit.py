@@ -23,6 +23,7 @@ from ._common import (
     check_arch_lengths,
     check_input,
     check_out_indices,
+    check_with_cp,
     drop_path_rates,
     nchw,
     nhwc,
@@ -279,7 +280,8 @@ class STViT(StagedBackbone):
             num_heads, n_iter, stoken_size, layerscale, init_values (optional mlp_ratio=4, qkv_bias=True).
         out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
         drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the paper).
-        with_cp: activation checkpointing of every block in training (less memory, one more forward).
+        with_cp: activation checkpointing of the blocks in training (less memory, one more forward): True / False
+            for every stage, or 4 bools, one per stage (e.g. ``[False, False, True, True]``).
         frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
         norm_eval: keep the BatchNorms in eval mode (running statistics) while training.
         pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
@@ -297,7 +299,7 @@ class STViT(StagedBackbone):
         arch: str | dict = "small",
         out_indices: Sequence[int] = (0, 1, 2, 3),
         drop_path_rate: float = 0.0,
-        with_cp: bool = False,
+        with_cp: bool | Sequence[bool] = False,
         frozen_stages: int = -1,
         norm_eval: bool = False,
         pretrained: str | os.PathLike | Mapping | None = None,
@@ -314,7 +316,7 @@ class STViT(StagedBackbone):
                 raise ValueError(f"STViT arch: embed dim {dim} is not divisible by its num_heads {heads}")
         self.arch = arch
         self.out_indices = check_out_indices(out_indices)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, check_with_cp(with_cp)
         dims = arch["embed_dims"]
 
         self.patch_embed = PatchEmbed(dims[0])
@@ -377,7 +379,7 @@ class STViT(StagedBackbone):
         x = self.patch_embed(ops.to_internal(x))  # channels_last with fast paths on (see _ops)
         outs = []
         for i, layer in enumerate(self.layers):
-            x = self._run_blocks(layer.blocks, x)
+            x = self._run_blocks(layer.blocks, x, i)
             if i in self.out_indices:
                 # Outputs in the standard contiguous NCHW layout: consumers such as mmcv's RoIAlign index
                 # their input's memory as NCHW and silently misread channels_last tensors.
