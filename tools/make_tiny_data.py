@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from tasks.data.module.tiny import make_ade20k, make_coco
+from tasks.data.tiny import make_ade20k, make_coco
 
 
 def main(argv=None):

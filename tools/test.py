@@ -27,10 +27,9 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
-from tasks.data.module.module import without_annotation_loading
-
 from tasks import build_task
 from tasks.config import add_cfg_options, default_work_dir, load_config
+from tasks.data.module import without_annotation_loading
 from tasks.deploy.checkpoints import read_training_checkpoint
 from tasks.deploy.submission import SubmissionWriter
 from tasks.evaluation.tta import enable_tta
