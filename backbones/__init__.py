@@ -1,16 +1,19 @@
 """STViT and HAT-Net feature extractors for dense prediction (pure PyTorch).
 
 ``import backbones`` also registers ``type='STViT'`` / ``type='HATNet'`` in the mm model registries when
-mmengine is installed, so mmdet and mmseg configs can build them.
+mmengine is installed, so mmdet and mmseg configs can build them. ``backbones.FAMILIES`` is the family registry
+(``backbones.families``): each family's file registers its record on import.
 """
 
 import importlib.util
 
 from ._fast_paths import enabled as fast_paths_enabled
 from ._fast_paths import fast_paths, set_fast_paths
+from .families import FAMILIES, Family, OfficialCode, create, family_of, register
 from .hatnet import HATNet
-from .pretrained import CheckpointError, LoadReport, load_pretrained
+from .pretrained import LoadReport, load_pretrained
 from .stvit import STViT
+from .weights import CheckpointError, KeyReport, load_model_weights
 
 __all__ = [
     "STViT",
@@ -18,9 +21,17 @@ __all__ = [
     "load_pretrained",
     "LoadReport",
     "CheckpointError",
+    "KeyReport",
+    "load_model_weights",
     "set_fast_paths",
     "fast_paths",
     "fast_paths_enabled",
+    "FAMILIES",
+    "Family",
+    "OfficialCode",
+    "create",
+    "family_of",
+    "register",
 ]
 
 if importlib.util.find_spec("mmengine") is not None:  # registry adapters: optional, the pure backbones need no mm

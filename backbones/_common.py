@@ -1,9 +1,9 @@
-"""Pieces shared by the STViT and HAT-Net feature extractors: input checks, stage freezing, outputs."""
+"""Pieces shared by the feature extractor families: input checks, options, stage freezing, outputs."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from . import _ops
+from .pretrained import load_pretrained
 
 MIN_INPUT_SIZE = 32
 NUM_STAGES = 4
@@ -121,12 +122,27 @@ def check_arch_lengths(arch: dict, keys: Sequence[str], family: str) -> None:
 
 
 class StagedBackbone(nn.Module):
-    """Behaviour common to both families: output bookkeeping, freezing, ``norm_eval``, activation checkpointing.
+    """Behaviour common to every family: options, output bookkeeping, output norms, freezing, ``norm_eval``,
+    activation checkpointing, pretrained weights.
 
     A family subclass sets the class attributes ``family``, ``archs`` (its released variants) and
-    ``skipped_key_patterns`` (official checkpoint keys without a counterpart, read by ``load_pretrained``),
-    calls ``_setup_outputs`` in its constructor, implements ``stem_modules()`` and ``stage_modules(i)`` (what
-    ``frozen_stages`` freezes) and ``forward``, which runs each stage's blocks through ``_run_blocks``.
+    ``skipped_key_patterns`` (official checkpoint keys without a counterpart, read by ``load_pretrained``); its
+    constructor calls ``_setup_options`` first, builds its modules, then calls ``_setup_outputs`` and
+    ``_finish``; it implements ``stem_modules()`` and ``stage_modules(i)`` (what ``frozen_stages`` freezes) and
+    ``forward``, which runs each stage's blocks through ``_run_blocks`` and its outputs through ``_output``.
+
+    The constructor arguments every family takes (besides its ``arch`` and its own):
+
+    Args:
+        out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
+        drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the papers).
+        with_cp: activation checkpointing of the blocks in training (less memory, one more forward): True / False
+            for every stage, or 4 bools, one per stage (e.g. ``[False, False, True, True]``).
+        frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
+        norm_eval: keep the BatchNorms in eval mode (running statistics) while training.
+        pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
+        norm_out: add a norm (the family's ``make_norm``) to each output (not in the official models; new,
+            untrained weights).
     """
 
     family: str = ""
@@ -137,17 +153,66 @@ class StagedBackbone(nn.Module):
     frozen_stages: int
     norm_eval: bool
     with_cp: bool | tuple[bool, ...]
+    norm_out: bool
     stage_channels: list[int]
     feature_info: list[dict]
 
-    def _setup_outputs(self, stage_channels: Sequence[int], output_modules: Sequence[str]) -> None:
-        """``feature_info`` (timm style): per stage its channels, its stride and the name of the module whose
-        output it is (``self.get_submodule(info['module'])``, e.g. to register a forward hook)."""
+    def _setup_options(
+        self, arch: dict, out_indices: Sequence[int], frozen_stages: int, norm_eval: bool, with_cp
+    ) -> None:
+        """Record the resolved ``arch`` and the common options (``out_indices`` and ``with_cp`` checked)."""
+        self.arch = arch
+        self.out_indices = check_out_indices(out_indices)
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, check_with_cp(with_cp)
+
+    def _setup_outputs(
+        self,
+        stage_channels: Sequence[int],
+        block_name: str,
+        stage_entries: Sequence[str],
+        norm_out: bool = False,
+        make_norm: Callable[[int], nn.Module] | None = None,
+    ) -> None:
+        """The output norms (``norm_out``: ``make_norm(channels)`` at each selected stage, ``out_norms``) and
+        ``feature_info`` (timm style): per stage its channels, its stride and the name of the module whose output
+        it is (``self.get_submodule(info['module'])``, e.g. to register a forward hook).
+
+        Args:
+            stage_channels: the channels of the four stages.
+            block_name: the name of block j of stage i, as ``block_name.format(stage=i, block=j)``.
+            stage_entries: the name of the module that starts each stage (the stem for stage 0): a stage
+                without blocks outputs what it computes.
+            norm_out: add the output norms.
+            make_norm: the family's output norm for a number of channels (needed with ``norm_out``).
+        """
         self.stage_channels = list(stage_channels)
+        self.norm_out = norm_out
+        if norm_out:
+            self.out_norms = nn.ModuleList(
+                [make_norm(c) if i in self.out_indices else nn.Identity() for i, c in enumerate(self.stage_channels)]
+            )
+        names = []
+        for i, depth in enumerate(self.arch["depths"]):
+            if norm_out and i in self.out_indices:
+                names.append(f"out_norms.{i}")
+            else:
+                names.append(block_name.format(stage=i, block=depth - 1) if depth else stage_entries[i])
         self.feature_info = [
             dict(num_chs=c, reduction=4 * 2**i, module=name)
-            for i, (c, name) in enumerate(zip(self.stage_channels, output_modules))
+            for i, (c, name) in enumerate(zip(self.stage_channels, names))
         ]
+
+    def _finish(self, pretrained) -> None:
+        """The end of a family's constructor: freeze ``frozen_stages``, then load ``pretrained`` (if given)."""
+        self._freeze()
+        if pretrained is not None:
+            load_pretrained(self, pretrained)
+
+    def _output(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Stage ``i``'s output from its last feature map: normed with ``norm_out``, and in the standard
+        contiguous NCHW layout: consumers such as mmcv's RoIAlign index their input's memory as NCHW and
+        silently misread channels_last tensors."""
+        return (self.out_norms[i](x) if self.norm_out else x).contiguous()
 
     @property
     def out_channels(self) -> list[int]:

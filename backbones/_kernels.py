@@ -1,7 +1,7 @@
 """Memory and speed kernels behind the model files' fast paths (``backbones.fast_paths``, ``_ops.fast_ops``).
 
 Each kernel computes what the plain formulation in ``_ops`` computes, values and gradients
-(``tests/test_perf_equivalence.py``); the model files reach them through ``_ops`` with fast paths on, and each
+(``tests/test_fast_kernels_match_plain.py``); the model files reach them through ``_ops`` with fast paths on, and each
 one checks that the modules it is handed are the kind it was written for, falling back to the plain
 composition otherwise. Why each exists, and what it measured, is in docs/performance.md ("Fast paths").
 """

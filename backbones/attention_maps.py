@@ -39,16 +39,18 @@ import torch
 import torch.nn as nn
 
 from ._fast_paths import fast_paths
+from .families import FAMILIES, family_of
 
 
 def attention_modules(model: nn.Module) -> dict[tuple[int, int], nn.Module]:
-    """{(stage, block): attention module} of an STViT or HATNet, stages and blocks 0-based."""
-    family = getattr(model, "family", None)
-    if family == "stvit":
-        return {(i, j): blk.attn for i, layer in enumerate(model.layers) for j, blk in enumerate(layer.blocks)}
-    if family == "hatnet":
-        return {(i, j): blk.attn for i, stage in enumerate(model.blocks) for j, blk in enumerate(stage)}
-    raise TypeError(f"record_attention expects an STViT or HATNet model, got {type(model).__name__}")
+    """{(stage, block): attention module} of a backbone of a registered family, stages and blocks 0-based."""
+    family = family_of(model)
+    if family is None:
+        raise TypeError(
+            f"record_attention expects a backbone of a registered family ({sorted(FAMILIES)}), "
+            f"got {type(model).__name__}"
+        )
+    return family.attention_modules(model)
 
 
 def last_blocks(model: nn.Module) -> list[tuple[int, int]]:
@@ -63,31 +65,27 @@ def _cells(size: tuple[int, int], cell: int | tuple[int, int]) -> tuple[int, int
     return -(-size[0] // h), -(-size[1] // w)
 
 
-def _stoken_record(m: nn.Module, shape: torch.Size, affinity: torch.Tensor) -> dict:
+def stoken_record(m: nn.Module, shape: torch.Size, affinity: torch.Tensor) -> dict:
+    """The ``'stoken'`` record of a super-token attention module ``m`` (input ``shape``) from its association."""
     size = tuple(shape[-2:])
     return dict(
         kind="stoken", affinity=affinity, grid=_cells(size, m.stoken_size), stoken_size=m.stoken_size, size=size
     )
 
 
-def _window_record(m: nn.Module, shape: torch.Size, probs: torch.Tensor) -> dict:
+def window_record(m: nn.Module, shape: torch.Size, probs: torch.Tensor) -> dict:
+    """The window part of a ``'hat'`` record of a HAT-Net attention module ``m`` (input ``shape``)."""
     size, g = tuple(shape[-2:]), m.grid_size
     windows = _cells(size, g)
     probs = probs.reshape(shape[0], m.num_heads, windows[0] * windows[1], g * g, g * g)
     return dict(kind="hat", window_probs=probs, windows=windows, grid_size=g, size=size)
 
 
-def _global_record(m: nn.Module, shape: torch.Size, probs: torch.Tensor) -> dict:
+def global_record(m: nn.Module, shape: torch.Size, probs: torch.Tensor) -> dict:
+    """The global part of a ``'hat'`` record of a HAT-Net attention module ``m`` (input ``shape``)."""
     size, ds = tuple(shape[-2:]), m.ds_ratio if m.grid_size > 1 else 1
     probs = probs.reshape(shape[0], m.num_heads, size[0] * size[1], -1)
     return dict(kind="hat", global_probs=probs, size=size, pooled=_cells(size, ds), ds_ratio=ds)
-
-
-# the probes of each attention module kind, and the record each one's output makes
-_PROBES = {
-    "stvit": {"association": _stoken_record},
-    "hatnet": {"window_weights": _window_record, "global_weights": _global_record},
-}
 
 
 @contextmanager
@@ -106,7 +104,7 @@ def record_attention(model: nn.Module, blocks: Iterable[tuple[int, int]] | None 
     records: dict[tuple[int, int], dict] = {}
     with ExitStack() as hooks:
         for key in keys:
-            hooks.enter_context(_watch(modules[key], _PROBES[model.family], key, records))
+            hooks.enter_context(_watch(modules[key], family_of(model).probes, key, records))
         with fast_paths(False):
             yield records
 

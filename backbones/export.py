@@ -13,21 +13,19 @@ import hashlib
 import io
 import json
 import os
-import re
 from collections.abc import Mapping
 
 import torch
 
 from ._fast_paths import fast_paths
 from .atomic import atomic_write, plain_meta
+from .families import get
 from .pretrained import SAFETENSORS_META_KEY, CheckpointError, read_checkpoint
 
 FORMATS = ("pth", "safetensors", "official", "onnx")
 EXTENSIONS = {"pth": (".pth", ".pt"), "official": (".pth", ".pt"), "safetensors": (".safetensors",), "onnx": (".onnx",)}
 EXPORT_VERSION = 1
 # official keys with no counterpart in our backbones (the classification head): left out, for the user to fill
-OFFICIAL_HEAD_PATTERNS = {"stvit": (r"^proj\.", r"^norm\.", r"^head\."), "hatnet": (r"^classifier\.",)}
-_IDENTITY_KERNEL_SHAPE = (9, 1, 3, 3)  # the official STViT Unfold/Fold: torch.eye(9).reshape(9, 1, 3, 3)
 
 
 class ExportError(ValueError):
@@ -80,9 +78,14 @@ def tensor_sha256(sd: Mapping[str, torch.Tensor]) -> str:
 def official_state_dict(sd: Mapping[str, torch.Tensor], family: str) -> dict[str, torch.Tensor]:
     """Ours -> the official classification model's key layout, head keys absent.
 
-    Our parameter names already are the official ones; STViT also gets the constant identity kernels of
-    its conv-based Unfold / Fold (``layers.i.blocks.j.attn.{unfold,fold}.weights``) for every block.
+    Our parameter names already are the official ones; the family's ``official_extras`` adds what the official
+    layout holds beyond them (STViT: the constant identity kernels of its conv-based Unfold / Fold).
     """
+    if get(family).official is None:
+        raise ExportError(
+            f"The {family} family has no official model (its registry record gives no official code), so there "
+            "is no official layout to export to. Export with --format pth or safetensors instead."
+        )
     extra = sorted(k for k in sd if k.startswith("out_norms."))
     if extra:
         raise ExportError(
@@ -91,14 +94,12 @@ def official_state_dict(sd: Mapping[str, torch.Tensor], family: str) -> dict[str
             "--format pth or safetensors instead."
         )
     out = dict(sd)
-    if family == "stvit":
-        blocks = sorted({m.group(0) for k in sd if (m := re.match(r"layers\.\d+\.blocks\.\d+\.attn\.", k))})
-        if not blocks:
-            raise ExportError("No STViT attention blocks (layers.i.blocks.j.attn.*) in the state dict.")
-        eye = torch.eye(9).reshape(_IDENTITY_KERNEL_SHAPE)
-        for b in blocks:
-            out[b + "unfold.weights"] = eye.clone()
-            out[b + "fold.weights"] = eye.clone()
+    extras = get(family).official_extras
+    if extras is not None:
+        try:
+            out.update(extras(sd))
+        except ValueError as e:
+            raise ExportError(str(e)) from e
     return canonical_state_dict(out)
 
 
@@ -128,7 +129,7 @@ def save_backbone(
 
     Args:
         sd: the tensors to write, backbone-relative keys, already checked against ``model`` (e.g. with
-            ``backbones.pretrained.state_dict_diff``); ``model.state_dict()`` for a backbone in memory.
+            ``backbones.weights.state_dict_diff``); ``model.state_dict()`` for a backbone in memory.
         model: the STViT / HATNet they belong to: family, arch, out_indices and norm_out go into the meta.
         out: the file to write (atomically).
         fmt: 'pth', 'safetensors', 'official' or 'onnx' (``export_onnx``, the meta as the graph's metadata

@@ -15,6 +15,7 @@ only; the only effect of padding is that border windows hold fewer pixels than `
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -29,8 +30,6 @@ from ._common import (
     StagedBackbone,
     check_arch_lengths,
     check_input,
-    check_out_indices,
-    check_with_cp,
     drop_path_rates,
     nchw,
     nhwc,
@@ -38,7 +37,8 @@ from ._common import (
     resolve_arch,
     shape_dependent_branches_traced,
 )
-from .pretrained import load_pretrained
+from .attention_maps import global_record, window_record
+from .families import Family, OfficialCode, register
 
 _GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
 # The released variants (official ``HAT_Net_tiny/small/medium/large``).
@@ -218,14 +218,9 @@ class HATNet(StagedBackbone):
     Args:
         arch: 'tiny' | 'small' | 'medium' | 'large' | 'shrunk' (tests and demos) or a dict with keys dims,
             head_dim, expansions, grid_sizes, ds_ratios, depths, kernel_sizes.
-        out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
-        drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the paper).
-        with_cp: activation checkpointing of the blocks in training (less memory, one more forward): True / False
-            for every stage, or 4 bools, one per stage (e.g. ``[False, False, True, True]``).
-        frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
         norm_eval: HAT-Net has GroupNorms only, so this has no effect (kept for mm config compatibility).
-        pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
-        norm_out: add a GroupNorm to each output (not in the official model; new, untrained weights).
+        out_indices, drop_path_rate, with_cp, frozen_stages, pretrained, norm_out: as in ``StagedBackbone``
+            (the output norm is a GroupNorm).
     """
 
     family = "hatnet"
@@ -249,9 +244,7 @@ class HATNet(StagedBackbone):
         bad = [d for d in arch["dims"] if d % arch["head_dim"]]
         if bad:
             raise ValueError(f"HAT-Net arch: dims {bad} are not divisible by head_dim {arch['head_dim']}")
-        self.arch = arch
-        self.out_indices = check_out_indices(out_indices)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, check_with_cp(with_cp)
+        self._setup_options(arch, out_indices, frozen_stages, norm_eval, with_cp)
         dims = arch["dims"]
 
         self.patch_embed = nn.Sequential(
@@ -280,29 +273,9 @@ class HATNet(StagedBackbone):
         self.ds2 = Downsample(dims[0], dims[1])
         self.ds3 = Downsample(dims[1], dims[2])
         self.ds4 = Downsample(dims[2], dims[3])
-        self.norm_out = norm_out
-        if norm_out:
-            self.out_norms = nn.ModuleList(
-                [_gn(dims[i]) if i in self.out_indices else nn.Identity() for i in range(NUM_STAGES)]
-            )
-        depths = arch["depths"]
-        self._setup_outputs(
-            dims,
-            [
-                f"out_norms.{i}"
-                if norm_out and i in self.out_indices
-                else f"blocks.{i}.{depths[i] - 1}"
-                if depths[i]
-                else f"ds{i + 1}"
-                if i
-                else "patch_embed"
-                for i in range(NUM_STAGES)
-            ],
-        )
+        self._setup_outputs(dims, "blocks.{stage}.{block}", ["patch_embed", "ds2", "ds3", "ds4"], norm_out, _gn)
         self.apply(self._init_weights)
-        self._freeze()
-        if pretrained is not None:
-            load_pretrained(self, pretrained)
+        self._finish(pretrained)
 
     @staticmethod
     def _init_weights(m):  # the official initialisation
@@ -332,6 +305,44 @@ class HATNet(StagedBackbone):
                 x = ds(x)
             x = self._run_blocks(self.blocks[i], x, i)
             if i in self.out_indices:
-                # contiguous NCHW outputs: mmcv's RoIAlign misreads channels_last maps (see STViT)
-                outs.append((self.out_norms[i](x) if self.norm_out else x).contiguous())
+                outs.append(self._output(i, x))
         return tuple(outs)
+
+
+# --- the family record (backbones.families) -------------------------------------------------------------
+def _attention_modules(model: HATNet) -> dict:
+    return {(i, j): blk.attn for i, stage in enumerate(model.blocks) for j, blk in enumerate(stage)}
+
+
+def _official_stages(model, x):
+    return model.patch_embed(x), list(zip(model.blocks, (model.ds2, model.ds3, model.ds4, None)))
+
+
+def _head_cost(channels: int) -> tuple[int, int]:
+    """A linear layer to 1000 classes."""
+    return channels * 1000 + 1000, channels * 1000
+
+
+FAMILY = register(
+    Family(
+        name="hatnet",
+        cls=HATNet,
+        type_name="HATNet",
+        title="HAT-Net",
+        sizes={**ARCHS, "shrunk": SHRUNK},
+        released=tuple(ARCHS),
+        key_pattern=re.compile(r"^blocks\.\d+\.\d+\.|^ds[234]\.conv\."),
+        signature_keys=("blocks.{}.0.attn.proj.weight", r"^blocks\.{}\.(\d+)\."),
+        attention_modules=_attention_modules,
+        probes={"window_weights": window_record, "global_weights": global_record},
+        picture="hat",
+        official=OfficialCode(
+            repo="yun-liu/HAT-Net (HAT_Net.py)",
+            classes=("HAT_Net",),
+            prefix="HAT_Net_",
+            build=lambda builder, stoken_size: builder(),
+            stages=_official_stages,
+        ),
+        head_cost=_head_cost,
+    )
+)

@@ -3,7 +3,9 @@
 The classes are registered in mmengine's root MODELS registry, which mmdet's and mmseg's registries
 search as their parent, so both libraries build them without this module importing either. The
 adapters add only mm's ``init_cfg`` convention; ``Pretrained`` goes through ``load_pretrained`` (safe
-loading, official key filter, strict key and shape checks) instead of mmengine's ``load_checkpoint``.
+loading, official key filter, strict key and shape checks) instead of mmengine's ``load_checkpoint``. Its
+``checkpoint`` may be an http(s) URL, downloaded once and verified against ``sha256=`` (a key of the init_cfg),
+the URL's ``#sha256=`` fragment or torch.hub's ``name-<hash prefix>.pth`` file name.
 
 A ``pretrained=`` that reaches an adapter usually comes from the config's ``model.pretrained``: mmseg's
 ``EncoderDecoder`` forwards it to the backbone, and mmseg's stock configs set it for their ResNet
@@ -64,7 +66,7 @@ class _MMInit:
     def init_weights(self):
         cfg = self.init_cfg
         if isinstance(cfg, dict) and cfg.get("type") == "Pretrained":
-            report = load_pretrained(self, cfg["checkpoint"], prefix=cfg.get("prefix"))
+            report = load_pretrained(self, cfg["checkpoint"], prefix=cfg.get("prefix"), sha256=cfg.get("sha256"))
             print_log(str(report), logger="current")
             self._is_init = True
         else:

@@ -1,30 +1,34 @@
 """Loading weights into the backbones: official releases, plain state dicts, our exports, and detector /
-segmentor training checkpoints (their ``backbone.`` entries), without ever unpickling arbitrary objects."""
+segmentor training checkpoints (their ``backbone.`` entries). Files (and http(s) URLs) are read, and keys and
+shapes compared, by ``backbones/weights.py``; this module finds the backbone's tensors in them, filters the
+official keys that have no counterpart, and checks family and variant."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
-import pickle
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
+from .families import FAMILIES, family_of, get
+from .weights import (  # noqa: F401 - SAFE_GLOBALS, StateDictDiff, check_checkpoint_path: their old home
+    SAFE_GLOBALS,
+    CheckpointError,
+    StateDictDiff,
+    _summary,
+    check_checkpoint_path,
+    is_state_dict,
+    read_checkpoint,
+    state_dict_diff,
+)
+
 logger = logging.getLogger("backbones")
-
-# Classes that may appear in trusted-format checkpoints besides tensors and Python builtins: the
-# official DeiT-style training scripts store their `args` as an argparse.Namespace.
-SAFE_GLOBALS = [argparse.Namespace]
 SAFETENSORS_META_KEY = "meta"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded into the given backbone; the message names the problem."""
 
 
 @dataclass
@@ -45,156 +49,11 @@ class LoadReport:
         return text
 
 
-def _summary(keys: list[str], n: int = 6) -> str:
-    return ", ".join(keys[:n]) + (f", ... (+{len(keys) - n})" if len(keys) > n else "")
-
-
-@dataclass
-class StateDictDiff:
-    """How a state dict differs from the one a model expects (see ``state_dict_diff``)."""
-
-    missing: list[str] = field(default_factory=list)  # expected, absent from the given tensors
-    unexpected: list[str] = field(default_factory=list)  # given, unknown to the model
-    mismatched: list[str] = field(default_factory=list)  # 'key: checkpoint (shape) vs model (shape)'
-
-    def __bool__(self) -> bool:
-        return bool(self.missing or self.unexpected or self.mismatched)
-
-    def __str__(self) -> str:
-        parts = [
-            f"{what} ({len(keys)}): {_summary(keys, n)}"
-            for what, keys, n in (
-                ("Missing keys", self.missing, 6),
-                ("Unexpected keys", self.unexpected, 6),
-                ("Shape mismatches", self.mismatched, 3),
-            )
-            if keys
-        ]
-        return ". ".join(parts) + "." if parts else "No differences."
-
-
-def state_dict_diff(
-    given: Mapping[str, torch.Tensor],
-    expected: Mapping[str, torch.Tensor],
-    optional: Callable[[str], bool] | None = None,
-) -> StateDictDiff:
-    """Compare checkpoint tensors (``given``) with a model's ``state_dict()`` (``expected``): keys and shapes.
-
-    Args:
-        given: the tensors about to be loaded or written, by key.
-        expected: the model's own state dict.
-        optional: ``optional(key)`` is True for expected keys that may be absent from ``given`` (e.g. layers
-            the checkpoint cannot have); None: every expected key is required.
-
-    Returns a ``StateDictDiff``: false when the keys and shapes agree, else ``str(diff)`` names the missing and
-    unexpected keys and the shape mismatches, for an error message that the caller completes with the fix.
-    """
-    missing = [k for k in expected if k not in given and not (optional and optional(k))]
-    unexpected = [k for k in given if k not in expected]
-    mismatched = [
-        f"{k}: checkpoint {tuple(given[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in given
-        if k in expected and given[k].shape != expected[k].shape
-    ]
-    return StateDictDiff(sorted(missing), sorted(unexpected), sorted(mismatched))
-
-
-# --- reading files -------------------------------------------------------------------------------------
-def check_checkpoint_path(path: str | os.PathLike) -> str:
-    """``path`` as a string if it names a local file; CheckpointError for a URL or a missing file."""
-    path = os.fspath(path)
-    scheme = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path)
-    if scheme:  # e.g. 'open-mmlab://resnet50_v1c', 'torchvision://resnet50', 'https://...'
-        raise CheckpointError(
-            f"Checkpoint {path!r} is a URL ({scheme.group(0)}...); STViT / HAT-Net load local "
-            "files only. Download the checkpoint and pass its path."
-        )
-    if not os.path.isfile(path):
-        raise CheckpointError(
-            f"Checkpoint file not found: {path!r}. Check the path (relative paths are resolved from {os.getcwd()!r})."
-        )
-    return path
-
-
-def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
-    """Read a .pth/.pt/.ckpt (weights_only, allow-listed classes) or .safetensors file.
-
-    Returns (object, safetensors metadata). Raises CheckpointError with the path and the fix for a missing,
-    truncated, corrupt or unsafe file.
-    """
-    path = check_checkpoint_path(path)
-    _check_content_matches_extension(path)
-    if path.endswith(".safetensors"):
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            with safe_open(path, framework="pt") as f:
-                meta = dict(f.metadata() or {})
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(
-                f"Cannot read safetensors file {path!r}: it is truncated, corrupt or not a safetensors file ({e})."
-            ) from e
-        return tensors, meta
-    try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True), {}
-    except pickle.UnpicklingError as e:
-        refused = re.search(r"\bGLOBAL ([\w.]+)", str(e))
-        if refused is None:  # not a refused class: bytes that are no pickle at all
-            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and "documentation" not in ln]
-            raise CheckpointError(
-                f"Cannot read checkpoint {path!r}: the file is corrupt or not a PyTorch "
-                f"checkpoint ({lines[-1] if lines else e})."
-            ) from e
-        raise CheckpointError(
-            f"Refusing to load {path!r}: it contains Python objects outside the allow-list of safe types "
-            f"({refused.group(1)}), and unpickling them could run arbitrary code. If you trust the file, "
-            "re-save only its tensors: torch.save(state_dict, 'clean.pth')."
-        ) from e
-    except Exception as e:  # RuntimeError, EOFError, BadZipFile, IndexError...: whatever broken bytes raise
-        raise CheckpointError(
-            f"Cannot read checkpoint {path!r}: the file is truncated or corrupt ({e}). Download or export it again."
-        ) from e
-
-
-def _check_content_matches_extension(path: str) -> None:
-    """A safetensors file named .pth, or a torch.save file named .safetensors, gets its own message."""
-    with open(path, "rb") as f:
-        head = f.read(9)
-    size = os.path.getsize(path)
-    is_zip = head[:4] == b"PK\x03\x04"  # torch.save's (zip) format
-    is_safetensors = len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
-    if path.endswith(".safetensors") and is_zip:
-        raise CheckpointError(
-            f"{path!r} is a PyTorch (torch.save) checkpoint, not a safetensors file: the "
-            "extension does not match the content. Rename it to .pth."
-        )
-    if not path.endswith(".safetensors") and is_safetensors:
-        raise CheckpointError(
-            f"{path!r} is a safetensors file, but its extension says otherwise: rename it to .safetensors."
-        )
-
-
 # --- finding the backbone tensors ------------------------------------------------------------------------
-_FAMILY_PATTERNS = {
-    "stvit": re.compile(r"^layers\.\d+\.blocks\.\d+\.|^patch_embed\.proj\.\d+\."),
-    "hatnet": re.compile(r"^blocks\.\d+\.\d+\.|^ds[234]\.conv\."),
-}
-
-
 def detect_family(keys) -> str | None:
-    counts = {fam: sum(1 for k in keys if pat.search(k)) for fam, pat in _FAMILY_PATTERNS.items()}
-    best = max(counts, key=counts.get)
-    return best if counts[best] else None
-
-
-def _is_state_dict(obj) -> bool:
-    return (
-        isinstance(obj, Mapping)
-        and len(obj) > 0
-        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
-    )
+    """The name of the registered family whose keys these are (``backbones.families.family_of``), or None."""
+    family = family_of(list(keys))
+    return family.name if family else None
 
 
 def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]:
@@ -203,12 +62,12 @@ def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]
     Returns (state_dict with backbone-relative keys, meta, layout name).
     """
     meta: dict = {}
-    if _is_state_dict(obj):
+    if is_state_dict(obj):
         sd, layout = dict(obj), "plain state dict"
-    elif isinstance(obj, Mapping) and _is_state_dict(obj.get("model")):
+    elif isinstance(obj, Mapping) and is_state_dict(obj.get("model")):
         sd, layout = dict(obj["model"]), "official release"
         meta = dict(obj["meta"]) if isinstance(obj.get("meta"), Mapping) else {}  # our official-layout exports
-    elif isinstance(obj, Mapping) and _is_state_dict(obj.get("state_dict")):
+    elif isinstance(obj, Mapping) and is_state_dict(obj.get("state_dict")):
         sd, layout = dict(obj["state_dict"]), "state_dict checkpoint"
         meta = dict(obj.get("meta") or {})
     else:
@@ -245,10 +104,7 @@ def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]
 
 def arch_signature(sd: Mapping[str, torch.Tensor], family: str) -> tuple | None:
     """(channels per stage, blocks per stage) read from a state dict, to name variants in errors."""
-    if family == "stvit":
-        key, pat = "layers.{}.blocks.0.pos_embed.conv.weight", r"^layers\.{}\.blocks\.(\d+)\."
-    else:
-        key, pat = "blocks.{}.0.attn.proj.weight", r"^blocks\.{}\.(\d+)\."
+    key, pat = get(family).signature_keys
     try:
         dims = tuple(sd[key.format(i)].shape[0] for i in range(4))
     except KeyError:
@@ -278,7 +134,9 @@ def checkpoint_filter(sd: Mapping[str, torch.Tensor], model: nn.Module) -> tuple
 
 
 # --- loading ---------------------------------------------------------------------------------------------
-def load_pretrained(model: nn.Module, checkpoint: str | os.PathLike | Mapping, prefix: str | None = None) -> LoadReport:
+def load_pretrained(
+    model: nn.Module, checkpoint: str | os.PathLike | Mapping, prefix: str | None = None, sha256: str | None = None
+) -> LoadReport:
     """Load official / exported / detector weights into an STViT or HATNet, strictly.
 
     Keys that are skipped on purpose (the model class's ``skipped_key_patterns``) and new layers
@@ -287,19 +145,22 @@ def load_pretrained(model: nn.Module, checkpoint: str | os.PathLike | Mapping, p
 
     Args:
         model: the STViT or HATNet to load into (in place).
-        checkpoint: a .pth / .pt / .ckpt / .safetensors path, or an already loaded checkpoint object: an
+        checkpoint: a .pth / .pt / .ckpt / .safetensors path, an http(s):// URL of one (downloaded once into
+            torch.hub's cache and verified, see ``backbones/download.py``), or an already loaded checkpoint object: an
             official release ({'model': ...}), a plain state dict, one of our exports, or a detector /
             segmentor / Lightning checkpoint whose backbone sits under 'backbone.'.
         prefix: take only the keys under this prefix (e.g. 'backbone.'), stripped; None finds the backbone.
+        sha256: the expected sha256 of a URL's file; None: from the URL (``#sha256=`` or torch.hub's file name).
 
     Returns:
         A LoadReport listing the loaded, skipped and newly initialised keys and the export's meta.
     """
     family = getattr(model, "family", None)
-    if family not in ("stvit", "hatnet"):
+    if family not in FAMILIES:
         raise TypeError(f"load_pretrained expects an STViT or HATNet model, got {type(model).__name__}")
     source = os.fspath(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else "<in-memory checkpoint>"
-    obj, st_meta = read_checkpoint(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else (checkpoint, {})
+    from_file = isinstance(checkpoint, (str, os.PathLike))
+    obj, st_meta = read_checkpoint(checkpoint, sha256) if from_file else (checkpoint, {})
     sd, meta, layout = extract_state_dict(obj, prefix)
     if SAFETENSORS_META_KEY in st_meta:
         meta = json.loads(st_meta[SAFETENSORS_META_KEY])

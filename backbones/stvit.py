@@ -8,7 +8,9 @@ block, before the PatchMerging that starts the next stage: the same tensor the o
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -22,15 +24,14 @@ from ._common import (
     StagedBackbone,
     check_arch_lengths,
     check_input,
-    check_out_indices,
-    check_with_cp,
     drop_path_rates,
     nchw,
     nhwc,
     pad_to_multiple,
     resolve_arch,
 )
-from .pretrained import load_pretrained
+from .attention_maps import stoken_record
+from .families import Family, OfficialCode, register
 
 # The released variants (official ``stvit_small/base/large``).
 ARCHS = {
@@ -278,16 +279,10 @@ class STViT(StagedBackbone):
     Args:
         arch: 'small' | 'base' | 'large' | 'shrunk' (tests and demos) or a dict with keys embed_dims, depths,
             num_heads, n_iter, stoken_size, layerscale, init_values (optional mlp_ratio=4, qkv_bias=True).
-        out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
-        drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the paper).
-        with_cp: activation checkpointing of the blocks in training (less memory, one more forward): True / False
-            for every stage, or 4 bools, one per stage (e.g. ``[False, False, True, True]``).
-        frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
-        norm_eval: keep the BatchNorms in eval mode (running statistics) while training.
-        pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
         stoken_size: per-stage super-token sizes overriding the arch's (e.g. for dense inputs); an
             entry of 1 means plain global self-attention in that stage; an entry may be an (h, w) pair.
-        norm_out: add a LayerNorm to each output (not in the official model; new, untrained weights).
+        out_indices, drop_path_rate, with_cp, frozen_stages, norm_eval, pretrained, norm_out: as in
+            ``StagedBackbone`` (the output norm is a LayerNorm).
     """
 
     family = "stvit"
@@ -314,9 +309,7 @@ class STViT(StagedBackbone):
         for dim, heads in zip(arch["embed_dims"], arch["num_heads"]):
             if dim % heads:
                 raise ValueError(f"STViT arch: embed dim {dim} is not divisible by its num_heads {heads}")
-        self.arch = arch
-        self.out_indices = check_out_indices(out_indices)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, check_with_cp(with_cp)
+        self._setup_options(arch, out_indices, frozen_stages, norm_eval, with_cp)
         dims = arch["embed_dims"]
 
         self.patch_embed = PatchEmbed(dims[0])
@@ -343,28 +336,11 @@ class STViT(StagedBackbone):
             )
             downsample = PatchMerging(dims[i], dims[i + 1]) if i < NUM_STAGES - 1 else None
             self.layers.append(_Layer(blocks, downsample))
-        self.norm_out = norm_out
-        if norm_out:
-            self.out_norms = nn.ModuleList(
-                [LayerNorm2d(dims[i], eps=1e-6) if i in self.out_indices else nn.Identity() for i in range(NUM_STAGES)]
-            )
-        depths = arch["depths"]
+        entries = ["patch_embed"] + [f"layers.{i}.downsample" for i in range(NUM_STAGES - 1)]
         self._setup_outputs(
-            dims,
-            [
-                f"out_norms.{i}"
-                if norm_out and i in self.out_indices
-                else f"layers.{i}.blocks.{depths[i] - 1}"
-                if depths[i]
-                else f"layers.{i - 1}.downsample"
-                if i
-                else "patch_embed"
-                for i in range(NUM_STAGES)
-            ],
+            dims, "layers.{stage}.blocks.{block}", entries, norm_out, lambda c: LayerNorm2d(c, eps=1e-6)
         )
-        self._freeze()
-        if pretrained is not None:
-            load_pretrained(self, pretrained)
+        self._finish(pretrained)
 
     # freezing (see StagedBackbone.frozen_modules)
     def stem_modules(self):
@@ -381,9 +357,77 @@ class STViT(StagedBackbone):
         for i, layer in enumerate(self.layers):
             x = self._run_blocks(layer.blocks, x, i)
             if i in self.out_indices:
-                # Outputs in the standard contiguous NCHW layout: consumers such as mmcv's RoIAlign index
-                # their input's memory as NCHW and silently misread channels_last tensors.
-                outs.append((self.out_norms[i](x) if self.norm_out else x).contiguous())
+                outs.append(self._output(i, x))
             if layer.downsample is not None:
                 x = layer.downsample(x)
         return tuple(outs)
+
+
+# --- the family record (backbones.families) -------------------------------------------------------------
+def _attention_modules(model: STViT) -> dict:
+    return {(i, j): blk.attn for i, layer in enumerate(model.layers) for j, blk in enumerate(layer.blocks)}
+
+
+def _stoken_stages(model: STViT) -> list[int]:
+    """The stages with super tokens larger than a pixel: only they have an association map."""
+    sizes = [s if isinstance(s, (list, tuple)) else (s,) for s in model.arch["stoken_size"]]
+    return [i for i, s in enumerate(sizes) if max(s) > 1]
+
+
+_IDENTITY_KERNEL_SHAPE = (9, 1, 3, 3)  # the official Unfold/Fold: torch.eye(9).reshape(9, 1, 3, 3)
+
+
+def _official_extras(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The constant identity kernels of the official conv-based Unfold / Fold
+    (``layers.i.blocks.j.attn.{unfold,fold}.weights``) of every block of ``sd``."""
+    blocks = sorted({m.group(0) for k in sd if (m := re.match(r"layers\.\d+\.blocks\.\d+\.attn\.", k))})
+    if not blocks:
+        raise ValueError("No STViT attention blocks (layers.i.blocks.j.attn.*) in the state dict.")
+    eye = torch.eye(9).reshape(_IDENTITY_KERNEL_SHAPE)
+    return {b + name: eye.clone() for b in blocks for name in ("unfold.weights", "fold.weights")}
+
+
+def _official_build(builder, stoken_size):
+    model = builder(SimpleNamespace(drop=0.0, drop_path=0.0))  # its training script's args
+    for layer, size in zip(model.layers, stoken_size or ()):
+        for block in layer.blocks:  # read at every forward: the same switch as our stoken_size argument
+            block.attn.stoken_size = (size, size)
+    return model
+
+
+def _official_stages(model, x):
+    return model.pos_drop(model.patch_embed(x)), [(layer.blocks, layer.downsample) for layer in model.layers]
+
+
+def _head_cost(channels: int) -> tuple[int, int]:
+    """1x1 conv to 1024 + BN + linear to 1000 at 7x7."""
+    return channels * 1024 + 1024 + 2 * 1024 + 1024 * 1000 + 1000, channels * 1024 * 49 + 1024 * 1000
+
+
+FAMILY = register(
+    Family(
+        name="stvit",
+        cls=STViT,
+        type_name="STViT",
+        title="STViT",
+        sizes={**ARCHS, "shrunk": SHRUNK},
+        released=tuple(ARCHS),
+        key_pattern=re.compile(r"^layers\.\d+\.blocks\.\d+\.|^patch_embed\.proj\.\d+\."),
+        signature_keys=("layers.{}.blocks.0.pos_embed.conv.weight", r"^layers\.{}\.blocks\.(\d+)\."),
+        attention_modules=_attention_modules,
+        probes={"association": stoken_record},
+        picture="stoken",
+        attention_stages=_stoken_stages,
+        no_map_reason="stoken_size 1 there (plain global attention, no super tokens)",
+        official_extras=_official_extras,
+        official=OfficialCode(
+            repo="hhb072/STViT (models/stvit.py)",
+            classes=("STViT", "StokenAttention"),
+            prefix="stvit_",
+            build=_official_build,
+            stages=_official_stages,
+        ),
+        options=frozenset({"stoken_size"}),
+        head_cost=_head_cost,
+    )
+)

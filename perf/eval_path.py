@@ -35,8 +35,8 @@ from .child import python_env
 from .memory import peak_rss_gib, rss_gib
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DET_CONFIG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py")
-SEG_CONFIG = osp.join(REPO, "configs/demo/upernet_hat-net-t_tiny-ade20k.py")
+DET_CONFIG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py")
+SEG_CONFIG = osp.join(REPO, "configs/demo/upernet_hat-net-demo_tiny-ade20k.py")
 # The demo Mask R-CNN at its initial weights keeps 100 detections per image (COCO's maxDets): every
 # proposal's class scores pass a zero threshold, and 300 proposals leave more than 100 boxes after NMS.
 DET_100_OPTIONS = (

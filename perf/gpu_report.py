@@ -13,8 +13,10 @@ from typing import NamedTuple
 
 import torch
 
-from .models import build, dense_stoken_size
-from .official import load_official, ours_and_official
+from backbones import FAMILIES
+
+from .models import build, dense_stoken_size, ours_and_official
+from .official import load_official
 from .report import Failure, cell, section
 from .variants import PAPER
 
@@ -161,7 +163,7 @@ class Models:
         return keys + ["swin-t"]
 
     def family(self, key) -> str:
-        return "stvit" if "stvit" in key else "hatnet"
+        return next(name for name in FAMILIES if name in key)  # a key names its family: 'official-stvit-s'
 
     def shrunk_for(self, key) -> bool:
         """Shrunk in --quick, except where the official model is given: its weights need the small variant."""

@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from backbones import HATNet, STViT, fast_paths
+from backbones import FAMILIES, create, fast_paths, load_pretrained
+from backbones.families import get
 
-FAMILIES = {"stvit": STViT, "hatnet": HATNet}
+__all__ = ["FAMILIES", "NAMES", "Setting", "build", "model_for", "model_and_input", "ours_and_official"]
 BASELINES = ("reference", "swin-t", "resnet50")
 NAMES = ("ours", "official", *BASELINES)
 COCO_CONFIG = Path(__file__).resolve().parents[1] / "configs/stvit/mask-rcnn_stvit-s_fpn_1x_coco.py"
@@ -55,7 +56,7 @@ def build(
     Args:
         name: ``ours``, ``reference`` (ours on its plain path), ``official`` (the official classification
             model's stages), ``swin-t`` or ``resnet50``.
-        family: ``stvit`` or ``hatnet`` (ours, reference, official).
+        family: a registered family (``backbones.FAMILIES``: ``stvit``, ``hatnet``) (ours, reference, official).
         arch: a preset name, an arch dict, or ``'shrunk'`` (the backbones' CPU-test preset); Swin-T is shrunk alike with
             ``'shrunk'``, ResNet-50 is always the full model.
         stoken_size: STViT super-token sizes per stage (None: the preset's).
@@ -65,8 +66,9 @@ def build(
     """
     torch.manual_seed(0)
     if name in ("ours", "reference"):
-        kwargs = dict(stoken_size=stoken_size) if stoken_size and family == "stvit" else {}
-        model = FAMILIES[family](arch, with_cp=with_cp, **kwargs)
+        # the family's own options (STViT's stoken_size) reach only a family that has them
+        kwargs = dict(stoken_size=stoken_size) if stoken_size and "stoken_size" in get(family).options else {}
+        model = create(family, arch, with_cp=with_cp, **kwargs)
         return PlainPath(model) if name == "reference" else model
     if name == "official":
         from .official import build_official
@@ -148,6 +150,24 @@ def model_and_input(name: str, s: Setting):
     model = model_for(name, s)
     torch.manual_seed(1)
     return model, torch.randn(s.batch, 3, *s.size, device=s.device)
+
+
+def ours_and_official(module, family: str, arch: str = "small", stoken_size=None) -> tuple[nn.Module, nn.Module]:
+    """(ours, official): the official model (``perf.official.OfficialStages``) and our backbone carrying its
+    weights, loaded by ``backbones.load_pretrained`` exactly as a released checkpoint is.
+
+    Args:
+        module: the official model file, as ``perf.official.load_official`` returned it.
+        family: the family of that file.
+        arch: the variant of both.
+        stoken_size: STViT super-token sizes per stage (None: the preset's).
+    """
+    from .official import build_official
+
+    official = build_official(module, family, arch, stoken_size)
+    ours = build("ours", family, arch, stoken_size)
+    load_pretrained(ours, official.model.state_dict())
+    return ours, official
 
 
 def dense_stoken_size(config=COCO_CONFIG) -> list[int]:

@@ -12,15 +12,15 @@ import importlib.util
 import sys
 import types
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
 from torchvision.ops import StochasticDepth
 
-from backbones import load_pretrained
+from backbones import FAMILIES
+from backbones.families import get
 
-REPOS = "hhb072/STViT (models/stvit.py) or yun-liu/HAT-Net (HAT_Net.py)"
+REPOS = " or ".join(f.official.repo for f in FAMILIES.values() if f.official)
 
 
 def _unavailable(name):
@@ -78,11 +78,11 @@ def load_official(path) -> tuple[types.ModuleType, str]:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = previous
-    if hasattr(module, "StokenAttention") and hasattr(module, "STViT"):
-        return module, "stvit"
-    if hasattr(module, "HAT_Net"):
-        return module, "hatnet"
-    raise SystemExit(f"{path} defines neither STViT (with StokenAttention) nor HAT_Net: pass the model file of {REPOS}")
+    for family in FAMILIES.values():
+        if family.official and all(hasattr(module, name) for name in family.official.classes):
+            return module, family.name
+    wanted = "; ".join(f"{f.title}: {', '.join(f.official.classes)}" for f in FAMILIES.values() if f.official)
+    raise SystemExit(f"{path} defines the official classes of no family ({wanted}): pass the model file of {REPOS}")
 
 
 class OfficialStages(nn.Module):
@@ -90,7 +90,7 @@ class OfficialStages(nn.Module):
 
     Args:
         model: the official classification model.
-        family: ``stvit`` or ``hatnet``.
+        family: a registered family with official code (``Family.official``).
     """
 
     def __init__(self, model: nn.Module, family: str):
@@ -98,13 +98,8 @@ class OfficialStages(nn.Module):
         self.model, self.family = model, family
 
     def forward(self, x):
-        m, outs = self.model, []
-        if self.family == "stvit":
-            x = m.pos_drop(m.patch_embed(x))
-            stages = [(layer.blocks, layer.downsample) for layer in m.layers]
-        else:
-            x = m.patch_embed(x)
-            stages = list(zip(m.blocks, (m.ds2, m.ds3, m.ds4, None)))
+        outs = []
+        x, stages = get(self.family).official.stages(self.model, x)
         for blocks, downsample in stages:
             for block in blocks:
                 x = block(x)
@@ -117,32 +112,16 @@ class OfficialStages(nn.Module):
 def build_official(module, family: str, arch: str, stoken_size=None) -> OfficialStages:
     """The official ``stvit_<arch>`` / ``HAT_Net_<arch>`` of ``module`` (seeded), with STViT's super-token sizes
     set to ``stoken_size`` (None: its own)."""
-    name = f"stvit_{arch}" if family == "stvit" else f"HAT_Net_{arch}"
+    code = get(family).official
+    prefix = code.prefix
+    name = f"{prefix}{arch}"
     builder = getattr(module, name, None)
     if builder is None:
-        prefix = "stvit_" if family == "stvit" else "HAT_Net_"
         known = sorted(k[len(prefix) :] for k in vars(module) if k.startswith(prefix))
         raise SystemExit(f"the official file has no {name}(); its variants: {', '.join(known)}")
     torch.manual_seed(0)
-    if family == "stvit":
-        model = builder(SimpleNamespace(drop=0.0, drop_path=0.0))  # its training script's args
-        for layer, size in zip(model.layers, stoken_size or ()):
-            for block in layer.blocks:  # read at every forward: the same switch as our stoken_size argument
-                block.attn.stoken_size = (size, size)
-    else:
-        model = builder()
+    model = code.build(builder, stoken_size)
     return OfficialStages(model, family)
-
-
-def ours_and_official(module, family: str, arch: str = "small", stoken_size=None) -> tuple[nn.Module, OfficialStages]:
-    """(ours, official): the official model and our backbone carrying its weights, loaded by
-    ``backbones.load_pretrained`` exactly as a released checkpoint is."""
-    from .models import build
-
-    official = build_official(module, family, arch, stoken_size)
-    ours = build("ours", family, arch, stoken_size)
-    load_pretrained(ours, official.model.state_dict())
-    return ours, official
 
 
 def max_relative_difference(a_outs, b_outs) -> float:

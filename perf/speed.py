@@ -9,6 +9,8 @@ import sys
 
 import torch
 
+from backbones.families import get
+
 from .flops import count_gmacs
 from .memory import peak_memory_gib
 from .models import BASELINES, Setting, model_and_input, model_for
@@ -99,7 +101,7 @@ def speed_table(s: Setting, dense_stoken_size, memory: bool = True) -> tuple[str
             all_rows += rows
             by = {r["model"]: r for r in rows}
             ours = by["ours"]
-            name = {"stvit": "STViT-S", "hatnet": "HAT-Net-S"}[family]
+            name = f"{get(family).title}-S"
             if stoken == "dense":
                 name += f" stoken {','.join(map(str, stoken_size))}"
             peaks = " / ".join(f"{by[k]['peak_gib']:.2f}" if k in by else "n/a" for k in BASELINES)

@@ -8,8 +8,11 @@ import sys
 
 import torch
 
+from backbones import create
+from backbones.families import get
+
 from .flops import count_gmacs
-from .models import FAMILIES, Setting, model_and_input
+from .models import Setting, model_and_input
 from .timing import throughput
 
 # The papers' figures (params in M, GMACs at 224x224, classification models including their heads).
@@ -27,11 +30,10 @@ PAPER_THROUGHPUT = {("stvit", "small"): 677, ("stvit", "base"): 361, ("stvit", "
 
 
 def classifier_head(family: str, channels: int) -> tuple[int, int]:
-    """(params, MACs at 224) of the official classification head that the backbone leaves out:
-    STViT: 1x1 conv to 1024 + BN + linear to 1000 at 7x7; HAT-Net: linear to 1000."""
-    if family == "stvit":
-        return channels * 1024 + 1024 + 2 * 1024 + 1024 * 1000 + 1000, channels * 1024 * 49 + 1024 * 1000
-    return channels * 1000 + 1000, channels * 1000
+    """(params, MACs at 224) of the official classification head that the backbone leaves out (the family's
+    ``head_cost``; (0, 0) for a family without one)."""
+    cost = get(family).head_cost
+    return cost(channels) if cost else (0, 0)
 
 
 def variants_table() -> str:
@@ -42,7 +44,7 @@ def variants_table() -> str:
         "|---|---|---|---|---|",
     ]
     for (family, arch), (p_params, p_gmacs) in PAPER.items():
-        model = FAMILIES[family](arch)
+        model = create(family, arch)
         params = sum(p.numel() for p in model.parameters())
         macs = count_gmacs(model, torch.randn(1, 3, 224, 224)) * 1e9
         head_params, head_macs = classifier_head(family, model.stage_channels[-1])

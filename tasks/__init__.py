@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import quiet
+
+quiet.install()  # before any config is loaded or trainer built (tasks/quiet.py says what and why)
+
 if TYPE_CHECKING:
     import lightning as L
     from mmengine.config import Config

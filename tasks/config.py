@@ -13,9 +13,11 @@ import re
 from typing import Any
 
 from mmengine.config import Config, DictAction
-from mmengine.registry import Registry, init_default_scope
+from mmengine.registry import Registry
 
-SCOPES = ("mmdet", "mmseg")
+from .config_keys import check_keys
+from .scopes import SCOPES, register_scope  # noqa: F401 - register_scope: imported from here by the rooms
+
 CFG_OPTIONS_HELP = "override config keys (values parsed as literals)"
 
 
@@ -42,8 +44,14 @@ def parse_cfg_options(options: list[str]) -> dict:
 
 
 def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Config:
-    """Read an mmengine config (``_base_`` / ``mmdet::`` inheritance, ``custom_imports``) and apply
-    ``--cfg-options`` overrides (already parsed to literals by mmengine's ``DictAction``)."""
+    """Read an mmengine config (``_base_`` / ``mmdet::`` inheritance, ``custom_imports``), apply
+    ``--cfg-options`` overrides (already parsed to literals by mmengine's ``DictAction``) and check its keys
+    against the key table (``tasks.config_keys.check_keys``: unknown and refused keys raise a ValueError).
+
+    Args:
+        path: the config file.
+        cfg_options: the parsed ``--cfg-options``.
+    """
     cfg = Config.fromfile(os.fspath(path))
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -52,20 +60,8 @@ def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Con
         raise ValueError(
             f"{path}: default_scope must be one of {SCOPES} (inherit an mmdet:: or mmseg:: base config), got {scope!r}"
         )
+    check_keys(cfg, os.fspath(path))
     return cfg
-
-
-def register_scope(scope: str) -> None:
-    """Import every mmdet / mmseg module into its registries and make ``scope`` the default scope, so
-    that ``type='Resize'`` etc. resolve in that library (mmengine's Runner does the same)."""
-    if scope == "mmdet":
-        from mmdet.utils import register_all_modules
-    elif scope == "mmseg":
-        from mmseg.utils import register_all_modules
-    else:
-        raise ValueError(f"unknown scope {scope!r}, expected one of {SCOPES}")
-    register_all_modules(init_default_scope=False)
-    init_default_scope(scope)
 
 
 def config_text(cfg: Config) -> str:

@@ -2,8 +2,10 @@
 shared by the tests (fixtures live in conftest.py)."""
 
 import argparse
+import contextlib
 import importlib.util
 import os.path as osp
+import warnings
 
 import torch
 
@@ -12,8 +14,8 @@ from backbones.hatnet import SHRUNK as HATNET_T  # noqa: F401  (the 'shrunk' pre
 from backbones.stvit import SHRUNK as STVIT_T  # noqa: F401
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py")
-SEG_CFG = osp.join(REPO, "configs/demo/upernet_hat-net-t_tiny-ade20k.py")
+DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py")
+SEG_CFG = osp.join(REPO, "configs/demo/upernet_hat-net-demo_tiny-ade20k.py")
 
 # The session's tiny sets (conftest.py's ``tiny_data``), (train, val) images. 4 COCO training images make 2
 # batches of 2; 8 ADE20K ones make 4 batches of 2 (2 per rank under 2-process DDP); 3 validation images split
@@ -21,6 +23,21 @@ SEG_CFG = osp.join(REPO, "configs/demo/upernet_hat-net-t_tiny-ade20k.py")
 TINY_COCO = (4, 3)
 TINY_ADE20K = (8, 3)
 IMAGE_INFO = "annotations/image_info_test.json"  # tiny COCO's val images without annotations (test-dev style)
+
+
+@contextlib.contextmanager
+def warnings_as_errors():
+    """Every warning a user would see on the console is an error inside, except the dependencies' warnings that
+    tasks/quiet.py filters by message and module. Python's default filters hide deprecations raised inside
+    libraries (and so from users); they stay hidden here."""
+    from tasks import quiet
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.filterwarnings("ignore", category=category)
+        quiet.install()
+        yield
 
 
 def load_tool(name):

@@ -11,7 +11,16 @@ import pytest
 import torch
 from filelock import FileLock
 
-from tests._tools import DET_CFG, IMAGE_INFO, SEG_CFG, TINY_ADE20K, TINY_COCO, load_tool, write_image_info
+from tests._tools import (
+    DET_CFG,
+    IMAGE_INFO,
+    SEG_CFG,
+    TINY_ADE20K,
+    TINY_COCO,
+    load_tool,
+    warnings_as_errors,
+    write_image_info,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # The golden vectors and the released variants' key manifest, committed with the tests (tests/data/README.md).
@@ -150,7 +159,8 @@ def _train(tmp_path_factory, name, config, opts) -> Run:
     """tools/train.py on ``config`` with ``opts``, once per session (``once``)."""
 
     def make(work_dir):
-        metrics = load_tool("train").main([config, "--work-dir", str(work_dir), "--cfg-options", *opts])
+        with warnings_as_errors():  # a normal run prints no warning: a new one fails every test that trains
+            metrics = load_tool("train").main([config, "--work-dir", str(work_dir), "--cfg-options", *opts])
         # tools/train.py writes the resolved config (with the overrides) into the work dir
         return [str(work_dir), str(work_dir / "last.ckpt"), str(work_dir / Path(config).name), metrics, opts]
 

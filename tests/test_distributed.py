@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests._runs import TIMEOUT, env, run_here
 from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, flat_metrics, random_checkpoint
@@ -90,9 +91,26 @@ tta_pipeline = [
 """
 
 
+def plain(x):
+    """``x`` with its tensors as lists, for ==."""
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    return {k: plain(v) for k, v in x.items()} if isinstance(x, dict) else x
+
+
+def readable(path):
+    """A PNG's bytes, or a dump pickle's images with their tensors as lists."""
+    import mmengine
+
+    return path.read_bytes() if path.suffix != ".pkl" else plain(mmengine.load(path))
+
+
 def test_test_tool_tta_slide_and_submission_files_each_image_once(data_opts, tmp_path):
     """tools/test.py under 2 processes (3 images: 2 + 1) gives one process's metrics and files: segmentation
-    with --tta and sliding-window inference, and --format-only on an image-info-only COCO set."""
+    with --tta and sliding-window inference, and --format-only on an image-info-only COCO set; the --dump of
+    either (the pickle's images in dataset order, gathered from both ranks) too."""
     # The demo's TTA with 2 of its 6 scales (4 views, not 12: the same code path, a third of the inference), and
     # windows of 192 px: one for most views of these 128-192 px images, several for the largest.
     seg_cfg = tmp_path / "seg_tta.py"
@@ -127,6 +145,8 @@ def test_test_tool_tta_slide_and_submission_files_each_image_once(data_opts, tmp
                 str(work),
                 "--out-dir",
                 str(work / "files"),
+                "--dump",
+                str(work / ("dump" if name == "seg" else "dump/det.pkl")),
                 *flags,
                 "--cfg-options",
                 *opts,
@@ -137,10 +157,13 @@ def test_test_tool_tta_slide_and_submission_files_each_image_once(data_opts, tmp
             else:
                 run([sys.executable, "tools/test.py", *args, "trainer.strategy=ddp"], env=env(), timeout=2 * TIMEOUT)
             files = {f: (work / "files" / f).read_bytes() for f in sorted(os.listdir(work / "files"))}
+            # the dump: its PNGs' bytes / the pickle's contents (pickled tensors hold a per-process serialization id)
+            files.update({f"dump/{f}": readable(work / "dump" / f) for f in sorted(os.listdir(work / "dump"))})
             metrics = work / "test_metrics.json"
             out[devices] = files, json.loads(metrics.read_text()) if metrics.exists() else None
         files, metrics = out[1]
-        assert len(files) == (3 if name == "seg" else 2), sorted(files)  # a PNG per image / bbox + segm json
+        # a PNG per image / bbox + segm json, and the dump: a PNG per image / one pickle (no spool files left)
+        assert len(files) == (6 if name == "seg" else 3), sorted(files)
         assert out[2][0] == files
         if name == "seg":
             assert metrics["mIoU"] == pytest.approx(out[2][1]["mIoU"], abs=1e-6)

@@ -134,3 +134,20 @@ def test_tool_reports_bad_input_without_a_traceback(det_run, tmp_path, monkeypat
     with pytest.raises(SystemExit) as exit_info:  # the command line: the message, no traceback
         infer_tool.main()
     assert str(exit_info.value).startswith(f"error: no images matched [{pattern!r}] (image files end in .jpg")
+
+
+@pytest.mark.parametrize("scope", ["mmdet", "mmseg"])
+def test_the_private_inferencer_method_we_override_is_still_called_as_we_assume(scope):
+    # build_inferencer overrides _load_weights_to_model, a private method of mmengine's BaseInferencer (no public
+    # hook loads weights through our checks before the visualizer takes dataset_meta): a change in mm fails here.
+    import inspect
+
+    from mmengine.infer import BaseInferencer
+
+    base = __import__(f"{scope}.apis", fromlist=["x"])
+    cls = base.DetInferencer if scope == "mmdet" else base.MMSegInferencer
+    assert list(inspect.signature(cls._load_weights_to_model).parameters) == ["self", "model", "checkpoint", "cfg"]
+    assert cls._init_model is BaseInferencer._init_model
+    source = inspect.getsource(BaseInferencer._init_model)
+    assert "self._load_weights_to_model(model, checkpoint, cfg)" in source
+    assert source.index("_load_weights_to_model(") < source.index("model.to(device)")

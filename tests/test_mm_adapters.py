@@ -146,5 +146,8 @@ def test_the_named_fix_builds_and_loads_through_init_cfg(tmp_path):
 
 
 def test_plain_backbone_pretrained_url_is_refused_clearly():
-    with pytest.raises(backbones.CheckpointError, match=r"'open-mmlab://resnet50_v1c' is a URL .*local files only"):
+    with pytest.raises(
+        backbones.CheckpointError,
+        match=r"'open-mmlab://resnet50_v1c' is a URL .*cannot fetch.*local files and http\(s\):// URLs",
+    ):
         STViT(STVIT_T, pretrained="open-mmlab://resnet50_v1c")

@@ -121,23 +121,22 @@ def coco(tmp_path):
 
 
 def _datamodule(cfg_path, root, scope):
-    from tasks.data.module.module import MMDataModule
-
     from tasks.config import load_config
+    from tasks.data.module import MMDataModule
 
     opts = {f"{s}_dataloader.dataset.data_root": f"{root}/" for s in ("train", "val", "test")}
     return MMDataModule(load_config(cfg_path, opts), scope)
 
 
 def _all_samples(dm, split):
-    from tasks.data.module.checks import CheckedDataset
+    from tasks.data.checks import CheckedDataset
 
     ds = CheckedDataset(dm.dataset(split), split)
     return [ds[i] for i in range(len(ds))]
 
 
 def test_missing_image_names_the_file(coco):
-    from tasks.data.module.checks import DataError
+    from tasks.data.checks import DataError
 
     ann = json.loads((coco / "annotations" / "instances_train2017.json").read_text())
     with_objects = {a["image_id"] for a in ann["annotations"]}
@@ -149,7 +148,7 @@ def test_missing_image_names_the_file(coco):
 
 
 def test_truncated_jpeg_names_the_file(ade):
-    from tasks.data.module.checks import DataError
+    from tasks.data.checks import DataError
 
     victim = sorted((ade / "images" / "training").iterdir())[0]
     victim.write_bytes(victim.read_bytes()[:2000])
@@ -158,7 +157,7 @@ def test_truncated_jpeg_names_the_file(ade):
 
 
 def test_unreadable_image_names_the_file(ade):
-    from tasks.data.module.checks import DataError
+    from tasks.data.checks import DataError
 
     victim = sorted((ade / "images" / "validation").iterdir())[0]
     victim.write_bytes(b"not an image at all")
@@ -167,7 +166,7 @@ def test_unreadable_image_names_the_file(ade):
 
 
 def test_segmentation_label_above_num_classes_is_an_error(ade):
-    from tasks.data.module.checks import DataError
+    from tasks.data.checks import DataError
 
     victim = sorted((ade / "annotations" / "validation").iterdir())[0]
     seg = np.array(Image.open(victim))
@@ -200,7 +199,7 @@ def test_grayscale_rgba_16bit_png_load_as_8bit_bgr(kind, tmp_path):
 
 
 def test_coco_unknown_category_id_is_an_error(coco):
-    from tasks.data.module.checks import DataError
+    from tasks.data.checks import DataError
 
     ann_file = coco / "annotations" / "instances_train2017.json"
     data = json.loads(ann_file.read_text())
@@ -228,10 +227,9 @@ def test_coco_without_any_config_class_names_classes_file_and_override(coco, tmp
     "need at least one array to concatenate"); the error comes at dataset build, and its override works."""
     import shlex
 
-    from tasks.data.module.checks import DataError
-    from tasks.data.module.module import MMDataModule
-
     from tasks.config import load_config
+    from tasks.data.checks import DataError
+    from tasks.data.module import MMDataModule
 
     _rename_categories(coco, ("cube", "ball", "cone"))
     ann_file = coco / "annotations" / "instances_train2017.json"
@@ -376,6 +374,7 @@ def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
     from tasks import build_task
     from tasks.config import load_config
     from tasks.deploy.export import export_backbone
+    from tasks.training.checkpoint_io import apply_load_from
 
     path, marker = evil
     cfg = load_config(SEG_CFG)
@@ -384,7 +383,9 @@ def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
         build_task(cfg)  # init_weights() -> backbones.load_pretrained
     with pytest.raises(CheckpointError, match="Refusing to load"):
         export_backbone(path, tmp_path / "out.pth")
-    # mmengine's own loader (init_cfg=Pretrained of mm modules, load_from): torch.load's weights_only default
+    with pytest.raises(CheckpointError, match="Refusing to load"):
+        apply_load_from(torch.nn.Linear(1, 1), str(path), resume=None)  # the config's load_from
+    # mmengine's own loader (init_cfg=Pretrained of mm modules): torch.load's weights_only default
     with pytest.raises(Exception, match="Weights only load failed"):
         load_checkpoint(torch.nn.Linear(1, 1), str(path))
     assert not marker.exists()

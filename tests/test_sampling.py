@@ -26,9 +26,8 @@ def coco(tmp_path_factory):
 
 
 def datamodule(root, cfg_path=PAPER_CFG, **extra):
-    from tasks.data.module.module import MMDataModule
-
     from tasks.config import load_config
+    from tasks.data.module import MMDataModule
 
     opts = {}
     for s in ("train", "val", "test"):
@@ -112,7 +111,7 @@ def test_same_batches_as_mmengine_default_sampler_with_mmdet_batch_sampler(coco)
 
 @pytest.mark.parametrize("batch_size", [2, 3])
 def test_two_ranks_group_their_own_shard_and_cover_the_epoch(coco, batch_size):
-    from tasks.data.module.sampling import ResumableBatchSampler, ResumableSampler, build_batch_sampler
+    from tasks.data.sampling import ResumableBatchSampler, ResumableSampler, build_batch_sampler
 
     dataset = datamodule(coco).dataset("train")
     make = build_batch_sampler(dict(type="AspectRatioBatchSampler"), batch_size, drop_last=False)
@@ -136,7 +135,7 @@ def test_two_ranks_group_their_own_shard_and_cover_the_epoch(coco, batch_size):
 
 
 def test_sample_seeds_and_mid_epoch_skip(coco):
-    from tasks.data.module.sampling import sample_seed
+    from tasks.data.sampling import sample_seed
 
     loader = datamodule(coco, **{"randomness.seed": 3}).train_dataloader()
     batches = loader.batch_sampler

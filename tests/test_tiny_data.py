@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks import tiny_data as mtd
+from tasks.data import tiny as mtd
 from tests._tools import load_tool
 
 make_tiny_data = load_tool("make_tiny_data")

@@ -135,7 +135,7 @@ def test_auto_scale_lr_without_base_batch_size_is_refused(tmp_path):
     # mmseg's ADE20K bases define no auto_scale_lr; the demo config inherits them
     with pytest.raises(
         ValueError,
-        match=r"--auto-scale-lr: .*upernet_hat-net-t_tiny-ade20k\.py has no "
+        match=r"--auto-scale-lr: .*upernet_hat-net-demo_tiny-ade20k\.py has no "
         r"auto_scale_lr\.base_batch_size.*auto_scale_lr\.base_batch_size=16",
     ):
         train_tool.main([SEG_CFG, "--auto-scale-lr", "--work-dir", str(tmp_path)])

@@ -6,12 +6,18 @@
   python tools/benchmark.py --variants  # params and GMACs of the released variants at 224x224
   python tools/benchmark.py --throughput --device cuda --precision bf16  # images/s at 224x224, batch 64
   python tools/benchmark.py --scaling [--sizes 224x224 448x672 800x1344] [--plot scaling.png]  # cost vs size
+  python tools/benchmark.py --config CFG [--baseline swin-t|none|CFG] [--size HxW] [--device cuda]  # whole model
 
 Time: median seconds per iteration (forward, and backward of all stage outputs in train mode) after
 warm-up. With --compare, every model is timed in this process, round-robin, on the same input, so the
 ratios are fair on a noisy shared machine. Peak memory: max RSS of a child process that runs only that
 model (CPU), or torch.cuda.max_memory_allocated (CUDA). GFLOPs are multiply-adds of one forward pass
 counted with torch.utils.flop_counter (matmuls, convolutions, attention).
+
+--config times the config's whole detector / segmentor instead (perf/whole_model.py): inference images/s at batch
+1 on a ready image of the config's test scale (or --size) and through the config's test dataloader, the training
+step (forward, backward, the config's optimizer step) and peak memory, next to mmdet's Swin-T Mask R-CNN or mmseg's
+Swin-T UPerNet on the same input, round-robin over --repeat rounds after --warmup; a table with ours / Swin-T.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from perf.report import write_json
 from perf.scaling import SCALING_SIZES, scaling, scaling_plot, scaling_tables
 from perf.speed import run, speed_table
 from perf.variants import throughput_table, variants_table
+from perf.whole_model import benchmark as whole_model
+from perf.whole_model_report import table as whole_model_table
+from tasks.config import add_cfg_options
 
 
 def print_rows(rows):
@@ -112,7 +121,21 @@ def parse_args(argv=None):
         help="STViT super-token sizes of the table's and --scaling's dense rows (default 8,4,2,1)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's default)")
+    p.add_argument("--config", help="time this config's whole detector / segmentor (--size: default its test scale)")
+    p.add_argument(
+        "--baseline",
+        default="swin-t",
+        help="--config's baseline: swin-t (mmdet's / mmseg's Swin-T config for the task), none, or a config path",
+    )
+    add_cfg_options(p, "--config: override its keys (values parsed as literals)")
     args = p.parse_args(argv)
+    if args.config:
+        if args.batch not in (None, 1) or args.precision != "fp32" or args.compile:
+            p.error("--config times batch 1 in fp32, eager: drop --batch, --precision and --compile")
+        args.baseline = None if args.baseline == "none" else args.baseline
+        return args
+    if args.cfg_options:
+        p.error("--cfg-options applies to --config")
     if args.size is None:
         args.size = (224, 224) if args.throughput else (448, 672)
     if args.batch is None:
@@ -131,9 +154,15 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads or max(1, torch.get_num_threads()))
-    setting, memory = Setting.of(args), not args.no_memory
+    memory = not args.no_memory
+    setting = None if args.config else Setting.of(args)
     rows = None
-    if args.variants:
+    if args.config:
+        rows = whole_model(
+            args.config, args.baseline, args.size, args.device, args.warmup, args.repeat, memory, args.cfg_options
+        )
+        print(whole_model_table(rows))
+    elif args.variants:
         print(variants_table())
     elif args.table:
         table, rows = speed_table(setting, args.dense_stoken_size, memory)

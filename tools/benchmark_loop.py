@@ -23,7 +23,7 @@ import tempfile
 
 from perf.loop import LOOPS, ROOT, compare, spread
 
-DEMO_CFG = str(ROOT / "configs" / "demo" / "mask-rcnn_stvit-t_fpn_tiny-coco.py")
+DEMO_CFG = str(ROOT / "configs" / "demo" / "mask-rcnn_stvit-demo_fpn_tiny-coco.py")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

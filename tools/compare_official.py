@@ -23,9 +23,10 @@ import argparse
 
 import torch
 
+from backbones.families import get
 from perf.memory import peak_memory_gib
-from perf.models import Setting
-from perf.official import REPOS, load_official, max_relative_difference, ours_and_official
+from perf.models import Setting, ours_and_official
+from perf.official import REPOS, load_official, max_relative_difference
 from perf.report import write_json
 from perf.timing import time_models
 
@@ -54,8 +55,8 @@ def parse_args(argv=None):
 
 def run(args) -> dict:
     module, family = load_official(args.official)
-    if args.stoken_size and family != "stvit":
-        raise SystemExit("--stoken-size sets STViT's super-token sizes; the official file is HAT-Net's")
+    if args.stoken_size and "stoken_size" not in get(family).options:
+        raise SystemExit(f"--stoken-size sets STViT's super-token sizes; the official file is {get(family).title}'s")
     ours, official = (m.to(args.device) for m in ours_and_official(module, family, args.arch, args.stoken_size))
     torch.manual_seed(1)
     x = torch.randn(args.batch, 3, *args.size, device=args.device)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = [  # (name, config, metric that the demo must reach, threshold)
-    ("detection (STViT, Mask R-CNN)", "configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py", "bbox_mAP_50", 0.3),
-    ("segmentation (HAT-Net, UperNet)", "configs/demo/upernet_hat-net-t_tiny-ade20k.py", "mIoU", 0.4),
+    ("detection (STViT, Mask R-CNN)", "configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py", "bbox_mAP_50", 0.3),
+    ("segmentation (HAT-Net, UperNet)", "configs/demo/upernet_hat-net-demo_tiny-ade20k.py", "mIoU", 0.4),
 ]
 
 VAL_IMAGES = {"mask-rcnn": "val2017", "upernet": "images/validation"}  # where the attention maps' image comes from

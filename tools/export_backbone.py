@@ -2,6 +2,7 @@
 """Export the backbone of a trained detector / segmentor, for sharing or for initialising another model.
 
     python tools/export_backbone.py CHECKPOINT --out FILE [--format pth|safetensors|official|onnx] [--config CONFIG]
+                                    [--raw-weights]
 
 CHECKPOINT: a Lightning ``.ckpt`` from tools/train.py, or an mm-format checkpoint (``state_dict`` with
 ``backbone.*`` keys, e.g. from tools/export_model.py). The backbone's family and arch come from the config
@@ -19,6 +20,9 @@ Formats (default: from the extension of FILE):
 meta records family, arch, out_indices, the config, step, epoch, the last validation metrics and the
 tensors' sha256. Any of the first three loads with ``backbones.load_pretrained`` or
 ``init_cfg=dict(type='Pretrained', checkpoint=FILE)``.
+
+From a checkpoint of a run with model EMA (``custom_hooks = [dict(type='EMAHook', ...)]``) the averaged weights are
+exported, ``--raw-weights``: the raw ones; meta ``weights`` records which (``'ema'`` / ``'raw'``).
 """
 
 from __future__ import annotations
@@ -28,29 +32,35 @@ import sys
 
 from backbones.export import FORMATS, ExportError
 from backbones.pretrained import CheckpointError
-from tasks.deploy.export import export_backbone
+from tasks.deploy.export import WEIGHTS, export_backbone
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="Lightning .ckpt or mm-format checkpoint")
+    parser.add_argument("checkpoint", help="Lightning .ckpt or mm-format checkpoint: a path or an http(s) URL")
     parser.add_argument("--out", required=True, help="output file (.pth / .pt / .safetensors / .onnx)")
     parser.add_argument("--format", choices=FORMATS, help="default: inferred from the extension of --out")
     parser.add_argument("--config", help="training config (needed when the checkpoint does not store it)")
+    parser.add_argument(
+        "--raw-weights",
+        action="store_true",
+        help="from a checkpoint with model EMA (custom_hooks EMAHook), the raw trained weights instead of the average",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     try:
-        meta = export_backbone(args.checkpoint, args.out, args.format, args.config)
+        meta = export_backbone(args.checkpoint, args.out, args.format, args.config, raw_weights=args.raw_weights)
     except (CheckpointError, ExportError) as e:
         if argv is not None:  # called from Python: let the caller see the exception
             raise
         sys.exit(f"error: {e}")
     metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in meta["metrics"].items())
     print(
-        f"wrote {args.out} ({meta['format']}): {meta['family']} backbone, {meta['num_tensors']} tensors, "
+        f"wrote {args.out} ({meta['format']}): {meta['family']} backbone, {WEIGHTS[meta['weights']]}, "
+        f"{meta['num_tensors']} tensors, "
         f"{meta['num_params']:,} values, step {meta['step']}, epoch {meta['epoch']}"
         f"{', ' + metrics if metrics else ''}\nsha256 of the tensors: {meta['sha256']}"
     )

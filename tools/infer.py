@@ -26,7 +26,9 @@ from tasks.deploy.inference import InputError, run_inference
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="the mmengine config the model was trained with")
-    parser.add_argument("checkpoint", help="Lightning .ckpt, mm-format .pth or backbone export")
+    parser.add_argument(
+        "checkpoint", help="Lightning .ckpt, mm-format .pth or backbone export: a path or an http(s) URL"
+    )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders or glob patterns")
     parser.add_argument("--out-dir", required=True, help="output folder (vis/ and preds/ are written in it)")
     parser.add_argument("--batch-size", type=int, default=1, help="images per forward pass (default: 1)")

@@ -2,6 +2,7 @@
 """Training curves of one or more runs of tools/train.py, overlaid, as one PNG.
 
   python tools/plot_curves.py work_dirs/run_a [work_dirs/run_b ...] --out curves.png [--keys 'train/loss*' bbox_mAP]
+  python tools/plot_curves.py work_dirs/run_a [...] --train-time [--include-outliers]
 
 Reads the CSV logs that tools/train.py writes (Lightning's CSVLogger: WORK_DIR/logs/version_*/metrics.csv;
 the versions of a resumed run are joined in order) and plots every logged value against the optimizer step,
@@ -9,6 +10,12 @@ in subplots: the loss terms, the learning rate, the validation metrics, and any 
 the classification accuracy). Each run keeps its line style and is labelled by its work dir; each key keeps
 its colour. --keys selects columns by name or shell pattern. mmdet's -1 ("no object of that size in the
 ground truth", e.g. bbox_mAP_l) is not a value and is left out.
+
+--train-time prints each run's training-time statistics as mmdet's ``analyze_logs.py cal_train_time`` does, from
+the iteration times the training loop logs (``train/time``: data loading included): the mean seconds per
+iteration, the slowest and fastest epoch by their mean and the std of the epochs' means, the slowest and fastest
+iteration, and the time per epoch. The first iteration of each epoch (loader start-up) is left out of the means
+unless --include-outliers, as in mmdet (an epoch of one iteration keeps it).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import csv
 import fnmatch
 import math
 import re
+import statistics
 from pathlib import Path
 
 from perf.report import save_figure
@@ -113,12 +121,90 @@ def plot_curves(work_dirs, out, keys=None):
     return fig
 
 
+def step_times(work_dir) -> dict[int, list[float]]:
+    """{epoch: [seconds of each iteration, in step order]} from the ``train/time`` column of a run's CSV logs; a
+    step logged again after a resume keeps its last value."""
+    by_step: dict[int, tuple[int, float]] = {}
+    for path in sorted(
+        Path(work_dir).glob("logs/version_*/metrics.csv"), key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0)
+    ):
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get("train/time") not in ("", None):
+                    by_step[int(float(row["step"]))] = (int(float(row["epoch"])), float(row["train/time"]))
+    epochs: dict[int, list[float]] = {}
+    for _, (epoch, seconds) in sorted(by_step.items()):
+        epochs.setdefault(epoch, []).append(seconds)
+    return epochs
+
+
+def train_time(work_dir, include_outliers: bool = False) -> dict:
+    """Training-time statistics of the run in ``work_dir`` (as mmdet's ``analyze_logs.py cal_train_time``).
+
+    Args:
+        work_dir: a tools/train.py work dir (its CSV logs hold ``train/time`` per iteration).
+        include_outliers: keep each epoch's first iteration (the loader's start-up) in the means.
+
+    Returns:
+        dict of ``iterations`` (timed), ``mean`` (s/iter, the mean of the epochs' means as in mmdet),
+        ``slowest_epoch`` / ``fastest_epoch`` (epoch, mean s/iter), ``epoch_std`` (std of the epochs' means),
+        ``slowest_iter`` / ``fastest_iter`` (s),
+        ``epoch_time`` (mean seconds per epoch, every iteration counted) and ``epochs`` (how many).
+    """
+    read_run(work_dir)  # the missing-log error
+    epochs = step_times(work_dir)
+    if not epochs:
+        raise SystemExit(
+            f"{work_dir}: its CSV logs have no train/time column (the iteration times the training loop logs); "
+            "tools/train.py logs them with its CSV logger"
+        )
+    kept = {e: (t if include_outliers or len(t) == 1 else t[1:]) for e, t in epochs.items()}
+    means = {e: statistics.fmean(t) for e, t in kept.items()}
+    every = [s for t in kept.values() for s in t]
+    slow, fast = max(means, key=means.get), min(means, key=means.get)
+    return dict(
+        iterations=len(every),
+        mean=statistics.fmean(means.values()),  # mmdet's: the mean of the epochs' means
+        slowest_epoch=(slow, means[slow]),
+        fastest_epoch=(fast, means[fast]),
+        epoch_std=statistics.pstdev(means.values()),
+        slowest_iter=max(every),
+        fastest_iter=min(every),
+        epoch_time=statistics.fmean(sum(t) for t in epochs.values()),
+        epochs=len(epochs),
+    )
+
+
+def format_train_time(run: str, t: dict) -> str:
+    """``train_time``'s statistics as lines of text, mmdet's wording (epochs counted from 1)."""
+    return "\n".join(
+        [
+            f"-----Analyze train time of {run}-----",
+            f"slowest epoch {t['slowest_epoch'][0] + 1}, average time is {t['slowest_epoch'][1]:.4f} s/iter",
+            f"fastest epoch {t['fastest_epoch'][0] + 1}, average time is {t['fastest_epoch'][1]:.4f} s/iter",
+            f"time std over epochs is {t['epoch_std']:.4f}",
+            f"average iter time: {t['mean']:.4f} s/iter ({t['iterations']} iterations)",
+            f"slowest iter {t['slowest_iter']:.4f} s, fastest iter {t['fastest_iter']:.4f} s",
+            f"time per epoch: {t['epoch_time']:.1f} s ({t['epochs']} epochs)",
+        ]
+    )
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("work_dirs", nargs="+", metavar="WORK_DIR", help="work dirs of tools/train.py runs")
-    p.add_argument("--out", required=True, help="the PNG to write")
+    p.add_argument("--out", help="the PNG to write (required unless --train-time)")
     p.add_argument("--keys", nargs="+", help="columns to plot: names or shell patterns (default: all)")
+    p.add_argument("--train-time", action="store_true", help="print the training-time statistics of each run")
+    p.add_argument("--include-outliers", action="store_true", help="--train-time: keep each epoch's first iteration")
     args = p.parse_args(argv)
+    if not args.out and not args.train_time:
+        p.error("give --out (the curves' PNG), --train-time, or both")
+    if args.train_time:
+        for d in args.work_dirs:
+            print(format_train_time(d, train_time(d, args.include_outliers)))
+    if not args.out:
+        return None
     fig = plot_curves(args.work_dirs, args.out, args.keys)
     lines = sum(len(ax.get_lines()) for ax in fig.axes)
     print(f"wrote {args.out}: {lines} curves of {len(args.work_dirs)} run(s) in {len(fig.axes)} panels")

@@ -10,7 +10,10 @@ checkpoint when ``checkpoint_callback.monitor`` is set, CSV / TensorBoard logs (
 ``loggers`` section, see tasks/training/trackers.py and docs/training.md) and, at the end, ``metrics.json`` (the last
 validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``;
 ``--resume auto`` does when it exists and starts fresh otherwise (what a requeued or restarted job runs).
-``--auto-scale-lr`` scales the lr to the real total batch size (see tasks/training/optim.py and docs/training.md).
+The config's ``load_from`` (a whole-model checkpoint or URL) is loaded after the model's initialisation for
+fine-tuning: tensors of another shape (heads for another number of classes) are skipped and logged; ``--resume``
+wins over it (docs/training.md). ``--auto-scale-lr`` scales the lr to the real total batch size (see
+tasks/training/optim.py and docs/training.md).
 
 On SIGUSR1 (the config's ``requeue_signal``) or SIGTERM, training stops at the next optimizer step with a
 checkpoint, a SLURM job is requeued, and the process exits with status 75 (tasks/training/restart.py).
@@ -35,7 +38,7 @@ from mmengine.logging import MMLogger
 from backbones.atomic import write_text
 from tasks import build_task
 from tasks.config import add_cfg_options, config_text, default_work_dir, load_config
-from tasks.training.checkpoint_io import write_json
+from tasks.training.checkpoint_io import apply_load_from, write_json
 from tasks.training.optim import enable_auto_scale_lr
 from tasks.training.restart import resume_checkpoint
 from tasks.training.trackers import finish_tracking
@@ -95,6 +98,7 @@ def main(argv=None, callbacks=()) -> dict:
     setup_mm_logger(work_dir)
     L.seed_everything((cfg.get("randomness") or {}).get("seed") or 0, workers=True)
     module, datamodule = build_task(cfg)
+    apply_load_from(module.model, cfg.get("load_from"), ckpt)  # after init_weights(), before the first step
     trainer = build_trainer(cfg, work_dir, callbacks=callbacks)
     if trainer.is_global_zero:
         # the resolved config, readable by Config.fromfile; not cfg.dump, whose yapf formatting takes seconds

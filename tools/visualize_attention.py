@@ -32,12 +32,13 @@ import os.path as osp
 
 import torch
 
-from backbones import CheckpointError, load_pretrained
+from backbones import FAMILIES, CheckpointError, family_of, load_pretrained
 from backbones.attention_maps import last_blocks, record_attention
 from tasks.config import add_cfg_options, build_from_registry, load_config, register_scope
 from tasks.figures.attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
 
-BACKBONE_TYPES = ("STViT", "HATNet")
+# a family's picture kind (``Family.picture``) -> the file name suffix of its picture
+PICTURES = {"stoken": "supertokens", "hat": "attention"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -81,10 +82,11 @@ def build_backbone(cfg, checkpoint: str, device: str):
     """The config's backbone with the checkpoint's backbone weights, in eval mode."""
     bcfg = (cfg.get("model") or {}).get("backbone")
     type_name = str((bcfg or {}).get("type", "")).rpartition(".")[2]
-    if type_name not in BACKBONE_TYPES:
+    drawable = [f.type_name for f in FAMILIES.values() if f.picture in PICTURES]
+    if type_name not in drawable:
         raise SystemExit(
             f"error: {cfg.filename}: model.backbone.type is {type_name or None!r}; attention maps are "
-            f"drawn for {' and '.join(BACKBONE_TYPES)} backbones only."
+            f"drawn for {' and '.join(drawable)} backbones only."
         )
     from mmengine.registry import MODELS
 
@@ -147,26 +149,17 @@ def query_point(args, image: PreparedImage) -> tuple[float, float]:
 
 
 def select_stages(args, backbone) -> list[int]:
-    if backbone.family == "stvit":
-        with_stokens = [
-            i
-            for i, s in enumerate(backbone.arch["stoken_size"])
-            if max(s if isinstance(s, (list, tuple)) else (s,)) > 1
-        ]
-        if not with_stokens:
-            raise SystemExit(
-                "error: this STViT has no stage with super tokens (every stoken_size is 1): there is "
-                "no pixel to super-token association to draw"
-            )
-        stages = args.stages if args.stages is not None else with_stokens
-        plain = [i for i in stages if i in range(4) and i not in with_stokens]
-        if plain:
-            raise SystemExit(
-                f"error: --stages {plain}: stoken_size 1 there (plain global attention, no super "
-                f"tokens); stages with super tokens: {with_stokens}"
-            )
-    else:
-        stages = args.stages if args.stages is not None else [0, 1, 2, 3]
+    """The stages to draw: ``--stages``, else every stage with a map (the family's ``attention_stages``)."""
+    family = family_of(backbone)
+    with_maps = family.attention_stages(backbone)
+    if not with_maps:
+        raise SystemExit(
+            f"error: this {family.type_name} has no stage with an attention map to draw ({family.no_map_reason})"
+        )
+    stages = args.stages if args.stages is not None else with_maps
+    without = [i for i in stages if i in range(4) and i not in with_maps]
+    if without:
+        raise SystemExit(f"error: --stages {without}: {family.no_map_reason}; stages with a map: {with_maps}")
     bad = [i for i in stages if i not in range(4)]
     if bad:
         raise SystemExit(f"error: --stages {bad}: stages are 0, 1, 2, 3")
@@ -227,11 +220,11 @@ def main(argv=None) -> list[str]:
         with torch.no_grad(), record_attention(backbone, blocks) as records:
             backbone(image.inputs)
         maps = {stage: records[key] for key, stage in zip(blocks, stages)}
-        if backbone.family == "stvit":
-            out = output_path(args.out_dir, path, "stvit_supertokens", taken)
+        picture = family_of(backbone).picture
+        out = output_path(args.out_dir, path, f"{backbone.family}_{PICTURES[picture]}", taken)
+        if picture == "stoken":
             draw_stvit(out, image, maps, point, chosen_stokens(args.stoken, maps, point, image))
         else:
-            out = output_path(args.out_dir, path, "hatnet_attention", taken)
             draw_hatnet(out, image, maps, point)
         written.append(out)
         print(f"wrote {out}")

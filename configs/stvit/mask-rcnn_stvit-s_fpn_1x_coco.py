@@ -10,12 +10,12 @@
 # Choices the paper leaves open (named here so they can be changed in one place):
 # - stoken_size=[8, 4, 2, 1] (the dense-prediction setting): super token attention with 2x2 super
 #   tokens in stage 3 instead of the classification preset [8, 4, 1, 1], whose stage 3 is global
-#   attention over all 50x84 positions of a 800x1344 image (half of its 194 GMACs). Measured with
-#   tools/benchmark.py --stoken-size ... --compare against Swin-T at 800x1344 (figures and command in
-#   docs/performance.md, "Dense-prediction setting"): [8,4,2,1] is the finest stage-3 setting that is
-#   faster than Swin-T, so it
-#   stays closest to the global attention the ImageNet weights were trained with; the parameters are
-#   the same, so those weights load unchanged. The official repo itself profiles dense inputs with
+#   attention over all 50x84 positions of a 800x1344 image (half of its 194 GMACs). By FLOPs,
+#   [8,4,2,1] (88.7 GMACs for the backbone at 800x1344) is the finest stage-3 setting below Swin-T's
+#   99.1, so it stays closest to the global attention the ImageNet weights were trained with; the
+#   parameters are the same, so those weights load unchanged. Its measured speed against Swin-T
+#   depends on the CPU or GPU: `tools/benchmark.py --stoken-size 8,4,2,1 --compare`, figures with their
+#   hardware in docs/benchmarks/. The official repo itself profiles dense inputs with
 #   super tokens in stage 3 ([16, 8, 2, 1] at 512x512). ADE20K configs (512x512, 32x32 positions in
 #   stage 3) keep the preset.
 # - norm_out=False: outputs are the exact official stage features (no extra norm per

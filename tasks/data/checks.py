@@ -14,6 +14,8 @@ many.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import os.path as osp
@@ -208,7 +210,8 @@ def build_dataset(ds_cfg: dict, section: str, sections: tuple[str, ...]):
     read, n_images = dataset.COCOAPI, []
 
     def read_and_check(path):  # mmdet's load_data_list reads the file with ``self.COCOAPI(path)``
-        coco = read(path)
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints four progress lines per file
+            coco = read(path)
         check_coco_file(coco, dataset, section, sections)
         n_images.append(len(coco.imgs))
         return coco

@@ -50,6 +50,12 @@ class MMDataModule(L.LightningDataModule):
         self.scope = scope
         self._datasets: dict = {}
 
+    def transfer_batch_to_device(self, batch: dict, device: torch.device, dataloader_idx: int) -> dict:
+        # The batch stays mm's pseudo-collated dict (lists of uint8 images and data samples); the task module's
+        # data_preprocessor moves it, exactly as under mmengine's Runner. (Here rather than on the module:
+        # Lightning takes the data module's hook when one is passed, and notes an override on the module.)
+        return batch
+
     def section(self, split: str) -> dict:
         """The config's ``{split}_dataloader`` section (``split``: 'train', 'val' or 'test')."""
         name = f"{split}_dataloader"

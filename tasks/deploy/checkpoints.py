@@ -1,6 +1,7 @@
 """Reading training checkpoints: ours (Lightning: ``state_dict`` keys ``model.*`` plus the training state) and
-mm's (``{'state_dict': ..., 'meta': ...}``), always through ``backbones.pretrained.read_checkpoint``
-(``weights_only`` with an allow-list), and the training config they carry (read as literals, never executed).
+mm's (``{'state_dict': ..., 'meta': ...}``), always through ``backbones.weights`` (``weights_only`` with an
+allow-list; http(s) URLs downloaded once and verified), and the training config they carry (read as literals,
+never executed).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from mmengine.config import Config
 
 from backbones.export import ExportError, plain_meta
-from backbones.pretrained import CheckpointError, read_checkpoint
+from backbones.weights import CheckpointError, check_checkpoint_path, model_state_dict, read_checkpoint
 
 from ..config import config_text
 
@@ -38,6 +39,10 @@ class TrainingCheckpoint:
         best: ``ModelCheckpoint``'s best score, ``{'monitor', 'score'}``.
         config_text: the training config stored in the checkpoint, if any.
         meta: an mm checkpoint's own meta.
+        raw_state_dict: with model EMA (mmengine's EMAHook layout, ours too: ``ema_state_dict`` holds
+            ``module.<key>`` tensors), the raw trained weights, while ``state_dict`` holds the averaged ones;
+            None without EMA.
+        ema_steps: with model EMA, the average's update count (``ema_state_dict['steps']``).
     """
 
     path: str
@@ -50,17 +55,29 @@ class TrainingCheckpoint:
     best: dict = field(default_factory=dict)
     config_text: str | None = None
     meta: dict = field(default_factory=dict)
+    raw_state_dict: dict | None = None
+    ema_steps: int | None = None
+
+    def weights(self, raw: bool = False) -> tuple[dict, str]:
+        """(tensors, ``'ema'`` | ``'raw'``): the averaged weights when the checkpoint has model EMA, unless ``raw``.
+
+        Args:
+            raw: the raw trained weights even when the checkpoint holds an average.
+        """
+        if self.raw_state_dict is None:
+            return self.state_dict, "raw"
+        return (self.raw_state_dict, "raw") if raw else (self.state_dict, "ema")
 
 
 def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
     """Read a Lightning checkpoint of ``tools/train.py`` or an mm-format checkpoint (``state_dict`` + ``meta``).
 
     Args:
-        path: the checkpoint file.
+        path: the checkpoint file, or an http(s) URL of one (``#sha256=`` verifies it; see backbones/download.py).
 
     Raises ``CheckpointError`` for a file that is neither, backbone exports included (``load_pretrained`` reads those).
     """
-    path = os.fspath(path)
+    path = check_checkpoint_path(path)  # a URL: the verified file in torch.hub's cache
     obj, _ = read_checkpoint(path)
     if not isinstance(obj, Mapping) or not isinstance(obj.get("state_dict"), Mapping):
         found = sorted(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__
@@ -69,18 +86,19 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
             f"(top-level entries: {found}). To re-export a backbone file, load it with "
             "backbones.load_pretrained instead."
         )
-    sd = {k: v for k, v in obj["state_dict"].items() if isinstance(v, torch.Tensor)}
-    if "pytorch-lightning_version" in obj or (sd and all(k.startswith("model.") for k in sd)):
-        return _read_lightning(path, obj, sd)
+    sd, _, layout = model_state_dict(obj, repr(path))
+    if layout == "Lightning":
+        ckpt = _read_lightning(path, obj, sd)
+        ckpt.raw_state_dict, ckpt.ema_steps = _raw_weights(obj)
+        return ckpt
     meta = dict(obj.get("meta") or {})
     if "export_version" in meta and "family" in meta:
         raise CheckpointError(
             f"{path!r} is a backbone export ({meta['family']}, tools/export_backbone.py), not a whole model: load it "
             "with backbones.load_pretrained or a backbone init_cfg=dict(type='Pretrained', checkpoint=...)."
         )
-    sd = {k.removeprefix("module."): v for k, v in sd.items()}
     metrics = meta.get("metrics") if isinstance(meta.get("metrics"), Mapping) else {}
-    return TrainingCheckpoint(
+    ckpt = TrainingCheckpoint(
         path,
         "mm",
         sd,
@@ -91,13 +109,26 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
         config_text=meta.get("cfg") if isinstance(meta.get("cfg"), str) else None,
         meta=meta,
     )
+    ckpt.raw_state_dict, ckpt.ema_steps = _raw_weights(obj)
+    return ckpt
+
+
+def _raw_weights(obj: Mapping) -> tuple[dict | None, int | None]:
+    """The raw weights that mmengine's EMAHook (and tasks/training/ema.py) keep under ``ema_state_dict``, and the
+    average's update count; (None, None) without EMA."""
+    ema = obj.get("ema_state_dict")
+    if not isinstance(ema, Mapping):
+        return None, None
+    raw = {k[len("module.") :]: v for k, v in ema.items() if k.startswith("module.") and isinstance(v, torch.Tensor)}
+    steps = ema.get("steps")
+    return (raw or None), (int(steps) if isinstance(steps, torch.Tensor) and raw else None)
 
 
 def _read_lightning(path: str, obj: Mapping, sd: dict) -> TrainingCheckpoint:
     ckpt = TrainingCheckpoint(
         path,
         "lightning",
-        {k.removeprefix("model."): v for k, v in sd.items() if k.startswith("model.")},
+        sd,
         step=obj.get("global_step"),
         epoch=obj.get("epoch"),
     )

@@ -3,7 +3,7 @@ mm's checkpoint format (``tools/export_model.py``).
 
 Inputs are our Lightning checkpoints (``state_dict`` keys ``model.*``, plus Lightning's training state) and
 mm-format checkpoints (``{'state_dict': {'backbone.*': ...}, 'meta': ...}``), always read through
-``backbones.pretrained.read_checkpoint`` (``weights_only`` with an allow-list). The training config comes from
+``backbones.weights.read_checkpoint`` (``weights_only`` with an allow-list). The training config comes from
 ``--config`` or from the checkpoint (read as literals, never executed); the tensors are checked against the model
 that config builds before anything is written. The file formats themselves are ``backbones/export.py``'s.
 """
@@ -27,13 +27,14 @@ from backbones.export import (
     save_torch,
     tensor_sha256,
 )
+from backbones.families import FAMILIES, by_type_name, get
 from backbones.pretrained import CheckpointError, detect_family, state_dict_diff
 
 from ..config import register_scope
 from .checkpoints import TrainingCheckpoint, config_from_text, read_training_checkpoint, resolve_config  # noqa: F401
 
-# backbone config ``type`` -> family
-BACKBONE_TYPES = {"STViT": "stvit", "HATNet": "hatnet"}
+# meta ``weights`` -> what the tools print
+WEIGHTS = {"ema": "EMA weights", "raw": "raw weights"}
 
 
 def backbone_config(cfg: Config | Mapping) -> tuple[str, dict]:
@@ -43,20 +44,16 @@ def backbone_config(cfg: Config | Mapping) -> tuple[str, dict]:
     if not isinstance(bcfg, Mapping) or "type" not in bcfg:
         raise ExportError("The config has no model.backbone with a 'type': cannot tell which backbone to export.")
     bcfg = bcfg.to_dict() if hasattr(bcfg, "to_dict") else dict(bcfg)
-    type_name = str(bcfg["type"]).rpartition(".")[2]
-    if type_name not in BACKBONE_TYPES:
-        raise ExportError(
-            f"model.backbone.type is {bcfg['type']!r}; only {sorted(BACKBONE_TYPES)} backbones can be exported."
-        )
-    return BACKBONE_TYPES[type_name], bcfg
+    family = by_type_name(bcfg["type"])
+    if family is None:
+        types = sorted(f.type_name for f in FAMILIES.values())
+        raise ExportError(f"model.backbone.type is {bcfg['type']!r}; only {types} backbones can be exported.")
+    return family.name, bcfg
 
 
 def build_backbone(family: str, bcfg: Mapping) -> torch.nn.Module:
     """The pure backbone (no weights loaded) described by a ``model.backbone`` config."""
-    from backbones import HATNet, STViT
-
-    cls = STViT if family == "stvit" else HATNet
-    return cls(**{k: v for k, v in bcfg.items() if k not in ("type", "init_cfg", "pretrained")})
+    return get(family).cls(**{k: v for k, v in bcfg.items() if k not in ("type", "init_cfg", "pretrained")})
 
 
 # --- checks ----------------------------------------------------------------------------------------------
@@ -104,18 +101,22 @@ def export_backbone(
     out: str | os.PathLike,
     fmt: str | None = None,
     config: str | os.PathLike | None = None,
+    raw_weights: bool = False,
 ) -> dict:
-    """Write the backbone of a trained detector / segmentor to ``out``; returns the meta that was recorded.
+    """Write the backbone of a trained detector / segmentor to ``out``; returns the meta that was recorded (its
+    ``weights``: ``'ema'`` or ``'raw'``).
 
     Args:
         checkpoint: a Lightning checkpoint of ``tools/train.py`` or an mm-format checkpoint.
         out: the file to write: ``.pth`` / ``.pt`` or ``.safetensors``.
         fmt: ``'pth'``, ``'safetensors'`` or ``'official'``; None: from the extension of ``out``.
         config: the training config; None: the one the checkpoint stores.
+        raw_weights: export the raw trained weights of a checkpoint with model EMA (default: the average).
     """
     resolve_format(out, fmt)  # before any work: a wrong extension fails fast
     ckpt = read_training_checkpoint(checkpoint)
-    sd = backbone_tensors(ckpt.state_dict, repr(ckpt.path))
+    model_sd, weights = ckpt.weights(raw_weights)
+    sd = backbone_tensors(model_sd, repr(ckpt.path))
     cfg, config_info = resolve_config(ckpt, config)
     family, bcfg = backbone_config(cfg)
     model = build_backbone(family, bcfg)
@@ -129,6 +130,7 @@ def export_backbone(
         "metrics": ckpt.metrics,
         "metrics_source": ckpt.metrics_source,
         "best": ckpt.best,
+        "weights": weights,
     }
     return save_backbone(sd, model, out, fmt, provenance)
 
@@ -155,17 +157,24 @@ def dataset_meta(cfg: Config) -> dict:
 
 
 def export_model(
-    checkpoint: str | os.PathLike, out: str | os.PathLike, config: str | os.PathLike | None = None
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    config: str | os.PathLike | None = None,
+    raw_weights: bool = False,
 ) -> dict:
     """Write a trained detector / segmentor in mm's checkpoint format to ``out``; returns the meta.
 
     The file is ``{'state_dict': model tensors, 'meta': {'dataset_meta', 'cfg', 'epoch', 'iter', 'metrics', ...}}``,
-    the layout mmengine's Runner writes, which mmdet's ``init_detector`` and mmseg's ``init_model`` load.
+    the layout mmengine's Runner writes, which mmdet's ``init_detector`` and mmseg's ``init_model`` load. From a
+    checkpoint with model EMA it is by default the layout of mmengine's ``EMAHook``: the average in ``state_dict``,
+    the raw weights in ``ema_state_dict`` (``module.<key>``, and the update count ``steps``); with ``raw_weights``,
+    the raw weights in ``state_dict`` and no ``ema_state_dict``. ``meta['weights']`` says which: ``'ema'`` / ``'raw'``.
 
     Args:
         checkpoint: a Lightning checkpoint of ``tools/train.py``.
         out: the ``.pth`` / ``.pt`` file to write.
         config: the training config; None: the one the checkpoint stores.
+        raw_weights: the raw trained weights of a checkpoint with model EMA (default: the average).
     """
     out = os.fspath(out)
     if os.path.splitext(out)[1].lower() not in EXTENSIONS["pth"]:
@@ -183,9 +192,10 @@ def export_model(
     model_cfg = copy.deepcopy(cfg.model)
     if isinstance(model_cfg.get("backbone"), dict):
         model_cfg.backbone.init_cfg = None  # the checkpoint provides every weight; load nothing here
+    model_sd, weights = ckpt.weights(raw_weights)
     with torch.device("cpu"):
-        check_against_model(ckpt.state_dict, MODELS.build(model_cfg), repr(ckpt.path))
-    sd = canonical_state_dict(ckpt.state_dict)
+        check_against_model(model_sd, MODELS.build(model_cfg), repr(ckpt.path))
+    sd = canonical_state_dict(model_sd)
     meta = {
         "dataset_meta": dataset_meta(cfg),
         "cfg": config_info["text"],
@@ -197,6 +207,12 @@ def export_model(
         "best": plain_meta(ckpt.best, for_json=False),
         "source": {"checkpoint": ckpt.path, "kind": ckpt.kind},
         "sha256": tensor_sha256(sd),
+        "weights": weights,
     }
-    save_torch({"state_dict": sd, "meta": meta}, out)
+    exported = {"state_dict": sd, "meta": meta}
+    if weights == "ema":  # mmengine's EMAHook checkpoint: its resume reads the raw weights from here
+        raw = canonical_state_dict(ckpt.raw_state_dict)
+        exported["ema_state_dict"] = {"module." + k: v for k, v in raw.items()}
+        exported["ema_state_dict"]["steps"] = torch.tensor(ckpt.ema_steps or 0, dtype=torch.long)
+    save_torch(exported, out)
     return meta

@@ -21,7 +21,6 @@ map as ``preds/<image stem>.png``, mmseg's prediction file.
 
 from __future__ import annotations
 
-import copy
 import glob
 import io
 import json
@@ -38,7 +37,8 @@ from mmdet.apis.det_inferencer import IMG_EXTENSIONS  # what DetInferencer takes
 from PIL import Image
 
 from backbones.atomic import atomic_write
-from backbones.pretrained import CheckpointError, check_checkpoint_path, load_pretrained
+from backbones.pretrained import load_pretrained
+from backbones.weights import CheckpointError, check_checkpoint_path, load_state_dict_checked
 
 from ..config import load_config, register_scope
 from ..data.module import without_annotation_loading
@@ -94,9 +94,11 @@ def find_images(inputs: Sequence[str]) -> list[str]:
 
 # --- weights ---------------------------------------------------------------------------------------------
 def load_weights(model: torch.nn.Module, checkpoint: str, config_path: str) -> str:
-    """Load ``checkpoint`` into the mm ``model`` built from the config; returns what it was (``'lightning'``,
-    ``'mm'`` or ``'backbone'``). A file that does not fit the config raises ``CheckpointError``."""
-    check_checkpoint_path(checkpoint)  # a missing file or a URL: said once, before trying what the file holds
+    """Load ``checkpoint`` (a file or an http(s) URL) into the mm ``model`` built from the config; returns what it
+    was (``'lightning'``, ``'mm'`` or ``'backbone'``). A file that does not fit the config raises
+    ``CheckpointError``."""
+    # a missing file, a failed download: said once, before trying what the file holds; a URL becomes its cached file
+    checkpoint = check_checkpoint_path(checkpoint)
     try:
         ckpt = read_training_checkpoint(checkpoint)
     except CheckpointError as not_a_model:
@@ -120,8 +122,8 @@ def load_weights(model: torch.nn.Module, checkpoint: str, config_path: str) -> s
         )
         return "backbone"
     fix = f"Pass the config the model was trained with instead of {config_path}."
-    check_against_model(ckpt.state_dict, model, repr(checkpoint), fix=fix)
-    model.load_state_dict(ckpt.state_dict, strict=True)
+    check_against_model(ckpt.state_dict, model, repr(checkpoint), fix=fix)  # names the backbone's family and arch
+    load_state_dict_checked(model, ckpt.state_dict, repr(checkpoint), strict=True)
     return ckpt.kind
 
 
@@ -137,31 +139,28 @@ def build_inferencer(config: str, checkpoint: str, device: str | None = None, cf
     """
     cfg = load_config(config, cfg_options)
     register_scope(cfg.default_scope)
+    # The inferencer reads these from the config it is given: no ground truth for the user's images (mmseg's
+    # inferencer drops LoadAnnotations too, mmdet's does not), and no storage backends (the overlays are files
+    # written through out_file; the configs' LocalVisBackend has no save_dir here, and the library would warn).
+    cfg.test_dataloader.dataset.pipeline = without_annotation_loading(cfg.test_dataloader.dataset.pipeline)
+    cfg.visualizer.vis_backends = None
     if cfg.default_scope == "mmdet":
         from mmdet.apis import DetInferencer as Base
     else:
         from mmseg.apis import MMSegInferencer as Base
 
     class Inferencer(Base):
+        # A private method of mmengine's BaseInferencer (its _init_model calls it with the checkpoint it read
+        # through mmengine's own loader): the only place to put our weights in before the model goes to the device
+        # and the visualizer takes its dataset_meta. The public route (weights=PATH) would skip our checks (keys and
+        # shapes against the config, backbone exports, URLs with hashes). tests/test_infer.py checks the signature
+        # and the call, so a change in mm fails there.
         def _load_weights_to_model(self, model, _checkpoint, cfg) -> None:
             self.weights_kind = load_weights(model, checkpoint, config)  # checked against the model, strict
             # The library's own loading of an mm checkpoint then sets the class names and palette (as
             # tools/export_model.py records them) and its palette rules; the tensors are the ones just loaded.
             meta = {"dataset_meta": dataset_meta(cfg)}
             super()._load_weights_to_model(model, {"state_dict": model.state_dict(), "meta": meta}, cfg)
-
-        def _init_visualizer(self, cfg):
-            # No storage backends: the overlays are files written through out_file (below). The configs' default
-            # LocalVisBackend has no save_dir here, and the library would only warn that it cannot add it.
-            cfg = copy.deepcopy(cfg)
-            cfg.visualizer.vis_backends = None
-            return super()._init_visualizer(cfg)
-
-        def _init_pipeline(self, cfg):
-            # no ground truth for the user's images (mmseg's inferencer drops LoadAnnotations too, mmdet's does not)
-            cfg = copy.deepcopy(cfg)
-            cfg.test_dataloader.dataset.pipeline = without_annotation_loading(cfg.test_dataloader.dataset.pipeline)
-            return super()._init_pipeline(cfg)
 
     return Inferencer(model=cfg, weights=None, device=device)
 

@@ -321,3 +321,4 @@ def _coco_precision(images: list[dict], cat_ids: list[int], iou_type: str) -> Op
     with contextlib.redirect_stdout(io.StringIO()):
         coco_eval.evaluate()
         coco_eval.accumulate()
+    return coco_eval.eval["precision"]

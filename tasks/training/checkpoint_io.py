@@ -8,8 +8,9 @@ sibling of the target, flushed to disk, and then ``os.replace``-d, which is atom
 killed by SIGKILL cannot delete its temp file: the next write of the same target removes the temp files
 of writers (same host) that are no longer alive.
 
-Reading is as strict as ``backbones.pretrained.read_checkpoint``: ``weights_only`` unpickling with a small
-allow-list, so a crafted checkpoint cannot run code when ``--resume`` / ``tools/test.py`` open it.
+Reading goes through ``backbones.weights.read_checkpoint``: ``weights_only`` unpickling with a small
+allow-list, so a crafted checkpoint cannot run code when ``--resume`` / ``tools/test.py`` open it. The config's
+``load_from`` (fine-tuning from a whole model) is loaded here too, by ``backbones.weights``.
 """
 
 from __future__ import annotations
@@ -22,19 +23,45 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.plugins.io.checkpoint_io import _PATH
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
 
 from backbones.atomic import atomic_write, write_json  # noqa: F401 - write_json: the tools' JSON results
+from backbones.weights import KeyReport, load_model_weights, read_checkpoint
 
 
 def load_checkpoint_safely(path: str | os.PathLike, map_location: str | torch.device | None = None) -> dict:
-    """``torch.load(weights_only=True)`` with the allow-list of ``backbones.pretrained``; a file that holds
+    """``torch.load(weights_only=True)`` with the allow-list of ``backbones.weights``; a file that holds
     other Python objects (which could run code when unpickled) is refused with ``CheckpointError``."""
-    from backbones.pretrained import read_checkpoint
-
     obj, _ = read_checkpoint(path)  # CPU tensors
     if map_location is not None and not callable(map_location):
         obj = _map(obj, torch.device(map_location) if isinstance(map_location, str) else map_location)
     return obj
+
+
+def apply_load_from(model: torch.nn.Module, load_from: str | None, resume: str | None) -> KeyReport | None:
+    """The config's ``load_from``, as mmengine's Runner honours it: the whole model's weights, loaded after
+    ``init_weights()`` and before the first step; ``--resume`` wins (it restores the model too).
+
+    Tensors whose shape differs from the model's (heads with another number of classes) are skipped and the rest
+    load, as mmengine's ``load_checkpoint(strict=False)`` does; one log line names what was skipped and what the
+    checkpoint lacks. A checkpoint that matches nothing raises ``CheckpointError`` naming the file.
+
+    Args:
+        model: the mm detector / segmentor, initialised.
+        load_from: a whole-model checkpoint (Lightning ``.ckpt``, mm-format ``.pth``, plain state dict) or an
+            http(s) URL of one; None: nothing to load.
+        resume: the checkpoint ``--resume`` resolved to; None: not resuming.
+
+    Returns the report, or None when nothing was loaded.
+    """
+    if not load_from:
+        return None
+    if resume:
+        rank_zero_info(f"Resuming from {resume}; load_from={load_from!r} is not used (the resumed run has weights)")
+        return None
+    report = load_model_weights(model, load_from, strict=False)
+    rank_zero_info(f"load_from: {report.summary(repr(load_from))}")
+    return report
 
 
 def _map(obj, device):

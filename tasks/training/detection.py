@@ -25,9 +25,12 @@ class DetectionModule(MMTaskModule):
 
         return MODELS
 
-    def build_evaluator(self) -> DetectionEvaluator:
-        # Mask mAP when the model predicts masks (Mask R-CNN & co.), as CocoMetric(metric=['bbox', 'segm']).
-        return DetectionEvaluator(with_masks=getattr(self.model, "with_mask", False))
+    def build_evaluator(self, with_masks: bool | None = None) -> DetectionEvaluator:
+        """``DetectionEvaluator``: box mAP, and mask mAP when ``with_masks`` (default: when the model predicts
+        masks, as ``CocoMetric(metric=['bbox', 'segm'])`` for Mask R-CNN & co.)."""
+        if with_masks is None:
+            with_masks = getattr(self.model, "with_mask", False)
+        return DetectionEvaluator(with_masks=with_masks)
 
     def check_tta(self, tta: torch.nn.Module) -> None:
         from mmdet.models import DetTTAModel

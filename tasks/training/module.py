@@ -2,10 +2,13 @@
 
 Lightning owns the loop (devices, DDP, AMP, checkpoints, logging); the mm model keeps its own
 ``data_preprocessor`` (normalisation, padding, batching, moving the pseudo-collated batch to the device),
-its losses (``parse_losses``) and its ``predict`` post-processing. Evaluation is a torchmetrics evaluator
-(``tasks/evaluation/coco.py``) updated per batch and computed once per epoch.
+its losses (``parse_losses``) and its ``predict`` post-processing. Evaluation is what the config's
+``val_evaluator`` / ``test_evaluator`` ask for (tasks/evaluation/select.py): our torchmetrics evaluator
+(``tasks/evaluation/coco.py``, ``segmentation.py``) or mm's metric classes, updated per batch and computed once
+per epoch.
 
-Non-finite losses follow the config's ``nonfinite_loss`` policy (tasks/training/nonfinite.py).
+Non-finite losses follow the config's ``nonfinite_loss`` policy (tasks/training/nonfinite.py); the config's
+``compile`` compiles the backbone and neck for training (tasks/training/compile.py).
 
 State that is not the task's own lives in Lightning callbacks (tasks/training/callbacks.py, added by
 ``tasks.training.trainer.build_trainer``): the RNG states saved in checkpoints and restored on resume, BatchNorm
@@ -27,7 +30,9 @@ from torch.optim import Optimizer
 from torchmetrics import Metric
 
 from ..config import build_from_registry, config_text, register_scope
+from ..evaluation.select import build_evaluators, check_monitor
 from ..evaluation.tta import TTAPredictor
+from .compile import compile_model, compile_options
 from .nonfinite import NonFiniteLossPolicy
 from .optim import build_optimizer, build_schedulers, scale_lr
 
@@ -46,13 +51,18 @@ class MMTaskModule(L.LightningModule):
 
     Attributes:
         model: the mm detector / segmentor (SyncBN reverted to BatchNorm; see below).
-        evaluator: the torchmetrics evaluator of ``build_evaluator``.
+        evaluator: the validation evaluator: ours (``build_evaluator``, a torchmetrics ``Metric``) or mm's metric
+            classes (``tasks.evaluation.mm_metric.MMEvaluator``), as ``val_evaluator`` asks
+            (``tasks.evaluation.select``).
+        test_evaluator: the same for ``test_evaluator`` (the same object when both ask for the same).
         val_metrics: the last validation metrics (also stored in checkpoints as ``val_metrics``).
         test_metrics: the metrics of the last ``trainer.test``.
         tta: the ``TTAPredictor`` that test steps predict with (``tasks.evaluation.tta.enable_tta``), or None.
         evaluate_test: False makes test steps only predict, without ground truth or metrics
             (``tools/test.py --format-only``); True by default.
         nonfinite: the ``nonfinite_loss`` policy and its state (``NonFiniteLossPolicy``).
+        compiled: the submodules that the config's ``compile`` compiled when training started
+            (tasks/training/compile.py).
     """
 
     scope: str = ""
@@ -67,13 +77,24 @@ class MMTaskModule(L.LightningModule):
         # SyncBN in mm configs cannot run on CPU or in one process; synchronised BN is Lightning's
         # job (trainer.sync_batchnorm=True converts every BatchNorm back under DDP).
         self.model = revert_sync_batchnorm(model)
-        self.evaluator = self.build_evaluator()
+        # the config's val_evaluator / test_evaluator: ours where it computes them, else mm's metric classes
+        self.evaluator, self.test_evaluator = build_evaluators(
+            self.cfg, self.scope, self.build_evaluator, with_masks=getattr(self.model, "with_mask", False)
+        )
         # flat float metrics + 'per_class' (see tasks/evaluation/coco.py)
         self.val_metrics: dict = {}
         self.test_metrics: dict = {}
         self.evaluate_test = True
         self.tta: TTAPredictor | None = None  # tasks.evaluation.tta.enable_tta sets it
         self.nonfinite = NonFiniteLossPolicy(self.cfg.get("nonfinite_loss"))
+        compile_options(self.cfg.get("compile"))  # a bad `compile` value fails here, before any data is read
+        self.compiled: list[str] = []  # the submodules compiled for training (on_fit_start)
+
+    def on_fit_start(self) -> None:
+        # The config's `compile` is mmengine's switch for training (it compiles train_step); tools/test.py's
+        # evaluation stays eager. Compiled once per module; validation inside fit runs the compiled parts too.
+        if not self.compiled:
+            self.compiled = compile_model(self.model, self.cfg.get("compile"))
 
     # ---- subclass hooks -------------------------------------------------------------------------
     @staticmethod
@@ -81,16 +102,12 @@ class MMTaskModule(L.LightningModule):
         """The mm registry that builds ``cfg.model`` (mmdet's or mmseg's ``MODELS``)."""
         raise NotImplementedError
 
-    def build_evaluator(self) -> Metric:
-        """The torchmetrics evaluator fed with ``model.predict`` results."""
+    def build_evaluator(self, **options) -> Metric:
+        """Our torchmetrics evaluator fed with ``model.predict`` results; ``options`` come from the config's
+        metric (``tasks.evaluation.select.ours_options``)."""
         raise NotImplementedError
 
     # ---- data ------------------------------------------------------------------------------------
-    def transfer_batch_to_device(self, batch: dict, device: torch.device, dataloader_idx: int) -> dict:
-        # The batch stays mm's pseudo-collated dict (lists of uint8 images and data samples); the
-        # data_preprocessor moves it (see _preprocess), exactly as under mmengine's Runner.
-        return batch
-
     def _sync_preprocessor_device(self) -> None:
         # mm's BaseDataPreprocessor caches its target device in ``_device`` and only updates it in
         # its own .to()/.cuda(); Lightning moves modules with nn.Module._apply (and FSDP moves them
@@ -137,32 +154,47 @@ class MMTaskModule(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         # No self.log here: ranks may run different numbers of val batches (unpadded sampler), so
         # any per-step collective would hang. The only sync is the evaluator's compute() at epoch end.
-        self.evaluator.update(self._predict(batch))
+        self._update(self.evaluator, batch, self._predict(batch))
 
     def test_step(self, batch: dict, batch_idx: int) -> list:
         preds = self._predict(batch)
         if self.evaluate_test:
-            self.evaluator.update(preds)
+            self._update(self.test_evaluator, batch, preds)
         return preds  # for callbacks (tasks/figures/predictions.py)
 
+    @staticmethod
+    def _update(evaluator, batch: dict, preds: list) -> None:
+        if getattr(evaluator, "takes_batch", False):  # mm's metrics: process(data_batch, data_samples)
+            evaluator.update(preds, batch)
+        else:
+            evaluator.update(preds)
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":  # before the first step, not at the first checkpoint
+            check_monitor(self.cfg, self.evaluator, self.scope)
+
     def on_validation_epoch_start(self) -> None:
-        self._set_class_names("val")
+        self._set_class_names("val", self.evaluator)
 
     def on_test_epoch_start(self) -> None:
-        self._set_class_names("test")
+        self._set_class_names("test", self.test_evaluator)
 
-    def _set_class_names(self, split: str) -> None:
+    def _set_class_names(self, split: str, evaluator) -> None:
         # per-class results are keyed by the dataset's class names, as mmengine's Evaluator sets dataset_meta
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None and hasattr(datamodule, "dataset"):
-            classes = (getattr(datamodule.dataset(split), "metainfo", None) or {}).get("classes")
+            dataset = datamodule.dataset(split)
+            if hasattr(evaluator, "set_dataset"):  # mm's metrics: dataset_meta, size (and ann_file)
+                evaluator.set_dataset(dataset)
+                return
+            classes = (getattr(dataset, "metainfo", None) or {}).get("classes")
             if classes is not None:
-                self.evaluator.class_names = [str(c) for c in classes]
+                evaluator.class_names = [str(c) for c in classes]
 
-    def _finish_eval(self) -> dict:
+    def _finish_eval(self, evaluator) -> dict:
         """The evaluator's flat float metrics (logged) plus its ``per_class`` dict (not logged)."""
-        result = self.evaluator.compute()  # gathers all ranks
-        self.evaluator.reset()
+        result = evaluator.compute()  # gathers all ranks
+        evaluator.reset()
         metrics = {k: float(v) for k, v in result.items() if k != "per_class"}
         # Same value on every rank already, so no sync_dist (which would be one more collective).
         self.log_dict(metrics, sync_dist=False)
@@ -171,13 +203,13 @@ class MMTaskModule(L.LightningModule):
         return metrics
 
     def on_validation_epoch_end(self) -> None:
-        metrics = self._finish_eval()
+        metrics = self._finish_eval(self.evaluator)
         if not self.trainer.sanity_checking:
             self.val_metrics = metrics
 
     def on_test_epoch_end(self) -> None:
         if self.evaluate_test:
-            self.test_metrics = self._finish_eval()
+            self.test_metrics = self._finish_eval(self.test_evaluator)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The resolved config and the last validation metrics travel with the weights, as plain

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Callable
 
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import PARAM_SCHEDULERS
@@ -31,14 +31,12 @@ _LIGHTNING_OWNED = ("clip_grad", "accumulative_counts", "loss_scale", "dtype", "
 
 
 def build_optimizer(model: nn.Module, optim_wrapper_cfg: dict) -> Optimizer:
-    """The ``torch.optim.Optimizer`` that mmengine builds from ``optim_wrapper`` (``paramwise_cfg`` included);
-    the wrapper keys Lightning handles (clipping, accumulation, AMP) are dropped (see tasks/training/trainer.py)."""
+    """The ``torch.optim.Optimizer`` that mmengine builds from ``optim_wrapper`` (``paramwise_cfg`` and
+    ``constructor`` included); the wrapper keys Lightning handles (clipping, accumulation, AMP) are dropped (see
+    tasks/training/trainer.py)."""
     cfg = copy.deepcopy(dict(optim_wrapper_cfg))
-    if cfg.get("type", "OptimWrapper") == "AmpOptimWrapper":
-        # AmpOptimWrapper asserts CUDA at construction; mixed precision is trainer.precision here.
-        rank_zero_warn(
-            "optim_wrapper.type='AmpOptimWrapper' is ignored: set trainer.precision='16-mixed' or 'bf16-mixed' instead."
-        )
+    # AmpOptimWrapper asserts CUDA at construction; mixed precision is Lightning's (tasks/training/trainer.py turns
+    # the type into trainer.precision).
     cfg["type"] = "OptimWrapper"
     for key in _LIGHTNING_OWNED:
         cfg.pop(key, None)

@@ -25,8 +25,11 @@ class SegmentationModule(MMTaskModule):
 
         return MODELS
 
-    def build_evaluator(self) -> SegmentationEvaluator:
+    def build_evaluator(self, ignore_index: int | None = None) -> SegmentationEvaluator:
+        """``SegmentationEvaluator`` over the decode head's classes; ``ignore_index`` (``IoUMetric``'s) defaults
+        to the head's."""
         head = self.model.decode_head
         if isinstance(head, nn.ModuleList):  # CascadeEncoderDecoder: the last head predicts
             head = head[-1]
-        return SegmentationEvaluator(num_classes=head.num_classes, ignore_index=head.ignore_index)
+        ignore = head.ignore_index if ignore_index is None else ignore_index
+        return SegmentationEvaluator(num_classes=head.num_classes, ignore_index=ignore)

@@ -172,12 +172,17 @@ def flat_params(obj, prefix: str = "") -> dict:
     return out
 
 
-def run_hyperparameters(cfg: Config, trainer: L.Trainer) -> dict:
-    """The resolved hyper-parameters of a run: the config, the trainer's arguments and what the run decided."""
-    from .trainer import trainer_kwargs
+def run_hyperparameters(cfg: Config, trainer: L.Trainer, trainer_args: Mapping) -> dict:
+    """The resolved hyper-parameters of a run: the config, the trainer's arguments and what the run decided.
 
+    Args:
+        cfg: the run's resolved config.
+        trainer: the trainer that runs it (world size, accumulation, optimisers).
+        trainer_args: the ``lightning.Trainer`` arguments resolved from ``cfg``
+            (``tasks.training.trainer.trainer_kwargs``; passed in, since the trainer module imports this one).
+    """
     params = flat_params(cfg.to_dict())
-    params.update({f"trainer/{k}": v for k, v in flat_params(trainer_kwargs(cfg)).items()})
+    params.update({f"trainer/{k}": v for k, v in flat_params(trainer_args).items()})
     batch_size = (cfg.get("train_dataloader") or {}).get("batch_size")
     params["run/world_size"] = trainer.world_size
     if batch_size:
@@ -209,15 +214,16 @@ class RunReport(L.Callback):
 
     Args:
         cfg: the run's resolved config (``--cfg-options`` and ``--auto-scale-lr`` applied).
+        trainer_args: the ``lightning.Trainer`` arguments resolved from ``cfg`` (``trainer_kwargs(cfg)``).
     """
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: Config, trainer_args: Mapping) -> None:
+        self.cfg, self.trainer_args = cfg, dict(trainer_args)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or not trainer.loggers:
             return
-        params = run_hyperparameters(self.cfg, trainer)
+        params = run_hyperparameters(self.cfg, trainer, self.trainer_args)
         text = config_text(self.cfg)
         for logger in trainer.loggers:
             logger.log_hyperparams(params)

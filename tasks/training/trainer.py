@@ -3,8 +3,9 @@
 ``trainer = dict(...)`` holds ``lightning.Trainer`` keyword arguments only (unknown keys are rejected,
 listing the valid ones). Defaults come from the mm sections when the trainer section is silent:
 ``train_cfg`` (epochs / iterations, validation interval), ``optim_wrapper.clip_grad`` (gradient
-clipping) and ``optim_wrapper.accumulative_counts`` (gradient accumulation). ``loggers = [dict(type=...), ...]``
-holds Lightning logger classes (experiment trackers: tasks/training/trackers.py).
+clipping), ``optim_wrapper.accumulative_counts`` (gradient accumulation), ``optim_wrapper.type='AmpOptimWrapper'``
+(precision), ``default_hooks.logger.interval`` and ``env_cfg.cudnn_benchmark`` (docs/config_keys.md).
+``loggers = [dict(type=...), ...]`` holds Lightning logger classes (experiment trackers: tasks/training/trackers.py).
 
 Gradient accumulation (``optim_wrapper.accumulative_counts = N``, mm's key, or ``trainer.accumulate_grad_batches
 = N``): one optimizer step per N batches, on the mean of their gradients (Lightning divides each batch's loss by
@@ -38,14 +39,17 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.strategies import FSDPStrategy
 from mmengine.config import Config
 
 from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
+from .ema import build_custom_hooks
 from .progress import is_iteration_based, step_progress_bar
 from .restart import ElasticDDPStrategy, Preemption
+from .step_time import StepTime
+from .summary import ParamsSummary
 from .trackers import RunReport, build_loggers
 
 TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
@@ -104,6 +108,22 @@ def _accumulation(kwargs: dict, optim_cfg: dict) -> int:
     return next(iter(given.values()), 1)
 
 
+def _mm_defaults(cfg: Config, kwargs: dict, optim_cfg: dict) -> None:
+    """Trainer arguments that mm sections imply when the trainer section is silent (docs/config_keys.md):
+    ``default_hooks.logger.interval`` -> ``log_every_n_steps``, ``env_cfg.cudnn_benchmark`` -> ``benchmark``,
+    ``optim_wrapper.type='AmpOptimWrapper'`` -> ``precision`` (``bf16-mixed`` for ``dtype='bfloat16'``, else
+    ``16-mixed``, whose loss scaling is dynamic like mm's default)."""
+    interval = ((cfg.get("default_hooks") or {}).get("logger") or {}).get("interval")
+    if interval is not None:
+        kwargs.setdefault("log_every_n_steps", interval)
+    benchmark = (cfg.get("env_cfg") or {}).get("cudnn_benchmark")
+    if benchmark is not None:
+        kwargs.setdefault("benchmark", bool(benchmark))
+    if optim_cfg.get("type") == "AmpOptimWrapper":
+        bf16 = str(optim_cfg.get("dtype")) in ("bfloat16", "torch.bfloat16")
+        kwargs.setdefault("precision", "bf16-mixed" if bf16 else "16-mixed")
+
+
 def _uses_gpu(accelerator) -> bool:
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
@@ -128,6 +148,7 @@ def trainer_kwargs(cfg: Config) -> dict:
             kwargs.setdefault("check_val_every_n_epoch", train_cfg.get("val_interval", 1))
 
     optim_cfg = cfg.get("optim_wrapper") or {}
+    _mm_defaults(cfg, kwargs, optim_cfg)
     clip = dict(optim_cfg.get("clip_grad") or {})
     if clip and "gradient_clip_val" not in kwargs:
         algorithm = clip.pop("type", "norm")
@@ -189,11 +210,15 @@ def build_trainer(
         overrides: ``lightning.Trainer`` keyword arguments that win over the config's.
 
     Besides the checkpoint callbacks it adds the state that does not belong to the task module
-    (tasks/training/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for training.
+    (tasks/training/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for training;
+    and for training the config's ``custom_hooks`` (model EMA, tasks/training/ema.py; a test reads the averaged
+    weights from the checkpoint's ``state_dict`` without it). With the config's loggers, ``StepTime`` logs each
+    iteration's seconds (``train/time``, ``train/data_time``).
     """
     kwargs = trainer_kwargs(cfg)
     kwargs.update(overrides)
-    callbacks = [*callbacks, SyncBuffers()]
+    custom_hooks = build_custom_hooks(cfg)  # checked for tests too
+    callbacks = [*callbacks, *([] if for_test else custom_hooks), SyncBuffers()]
     if for_test:
         kwargs.setdefault("logger", False)
         kwargs["enable_checkpointing"] = False
@@ -216,9 +241,11 @@ def build_trainer(
                         enable_version_counter=False,
                     )
                 )
+        if kwargs.get("enable_model_summary", True) and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.append(ParamsSummary())
         if kwargs.get("logger", True) is True:
             kwargs["logger"] = build_loggers(cfg, work_dir)
-            callbacks.append(RunReport(cfg))
+            callbacks += [RunReport(cfg, trainer_kwargs(cfg)), StepTime()]
         if (
             is_iteration_based(kwargs)
             and kwargs.get("enable_progress_bar", True)

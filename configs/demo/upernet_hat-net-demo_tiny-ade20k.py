@@ -1,6 +1,6 @@
 # UPerNet with the shrunk HAT-Net (arch="shrunk") on the synthetic tiny ADE20K
 # (python tools/make_tiny_data.py --out data). Sized to train in a few minutes on 2 CPU cores:
-#   python tools/train.py configs/demo/upernet_hat-net-t_tiny-ade20k.py
+#   python tools/train.py configs/demo/upernet_hat-net-demo_tiny-ade20k.py
 _base_ = "mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py"
 custom_imports = dict(imports=["backbones"], allow_failed_imports=False)
 
@@ -67,8 +67,10 @@ val_dataloader = dict(
     batch_size=1, num_workers=0, persistent_workers=False, dataset=dict(data_root=data_root, pipeline=test_pipeline)
 )
 test_dataloader = val_dataloader
-val_evaluator = None  # evaluation is tasks/evaluation/coco.py (torchmetrics), not mmseg's IoUMetric
-test_evaluator = None
+# mIoU (with aAcc, mAcc), as mmseg's base config asks (docs/evaluation.md): computed by
+# tasks/evaluation/segmentation.py, equal to mmseg's IoUMetric; iou_metrics=['mIoU', 'mDice', ...] runs mmseg's.
+val_evaluator = dict(type="IoUMetric", iou_metrics=["mIoU"])
+test_evaluator = val_evaluator
 
 optim_wrapper = dict(
     _delete_=True,

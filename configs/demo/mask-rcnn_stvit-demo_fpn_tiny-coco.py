@@ -1,6 +1,6 @@
 # Mask R-CNN + FPN with the shrunk STViT (arch="shrunk") on the synthetic tiny COCO
 # (python tools/make_tiny_data.py --out data). Sized to train in a few minutes on 2 CPU cores:
-#   python tools/train.py configs/demo/mask-rcnn_stvit-t_fpn_tiny-coco.py
+#   python tools/train.py configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py
 _base_ = "mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py"
 custom_imports = dict(imports=["backbones"], allow_failed_imports=False)
 
@@ -57,8 +57,11 @@ val_dataloader = dict(
     dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline),
 )
 test_dataloader = val_dataloader
-val_evaluator = None  # evaluation is tasks/evaluation/coco.py (torchmetrics), not mmdet's CocoMetric
-test_evaluator = None
+# COCO box and mask mAP, as mmdet's base config asks (docs/evaluation.md): computed by tasks/evaluation/coco.py,
+# equal to mmdet's CocoMetric, logged as bbox_mAP, segm_mAP... Without ann_file, the ground truth is the split's
+# own annotation file. Options ours does not compute (classwise=True, proposal_nums...) run mmdet's CocoMetric.
+val_evaluator = dict(_delete_=True, type="CocoMetric", metric=["bbox", "segm"], format_only=False)
+test_evaluator = val_evaluator
 
 optim_wrapper = dict(
     _delete_=True,

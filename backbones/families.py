@@ -1,0 +1,136 @@
+"""The family registry: one record per backbone family with everything the rest of the project asks of a family.
+
+Each family's own file (``backbones/stvit.py``, ``backbones/hatnet.py``) builds its ``Family`` and calls
+``register`` when it is imported (``import backbones`` imports both). Code outside a family's file looks the
+family up here (``FAMILIES[name]``, ``get``, ``create``, ``family_of``) instead of testing family names, so a new
+family is one file plus one ``register`` call (docs/backbones.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class OfficialCode:
+    """How a family's official classification code is recognised, built and run stage by stage
+    (``perf.official``: loaded from a local copy of the official model file and run unchanged).
+
+    Args:
+        repo: where the file comes from, for messages (``'hhb072/STViT (models/stvit.py)'``).
+        classes: names the file defines; a file defining all of them is this family's.
+        prefix: the prefix of its variant builders (``'stvit_'``: ``stvit_small`` ...).
+        build: ``build(builder, stoken_size) -> model``: the classification model from its variant builder, with
+            the family's per-stage options applied (``stoken_size`` None: its own).
+        stages: ``stages(model, x) -> (stem output, [(blocks, downsample or None), ...])``: the stem run on ``x``
+            and the four stages' block lists with the module that starts the next stage.
+    """
+
+    repo: str
+    classes: tuple[str, ...]
+    prefix: str
+    build: Callable[[Callable, Sequence | None], nn.Module]
+    stages: Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, list]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the project asks of a backbone family.
+
+    Args:
+        name: the family's name (``'stvit'``), the models' ``family`` attribute and the ``family`` of exports.
+        cls: its constructor, a ``StagedBackbone`` subclass taking ``arch`` first.
+        type_name: its ``type`` in mm configs (``'STViT'``).
+        title: its name in tables and messages (``'HAT-Net'``).
+        sizes: its presets by name, the released variants and ``'shrunk'`` (the tests' and demos' arch).
+        released: the names of ``sizes`` that are released variants (with official weights).
+        key_pattern: a regular expression that keys of its state dicts match (``family_of`` counts them).
+        signature_keys: (a key template with ``{}`` for the stage, of a tensor whose first dim is the stage's
+            channels; a regular expression template whose group 1 is the block index of a stage's keys): the
+            (channels, depths) of a state dict, to name variants in errors.
+        attention_modules: ``attention_modules(model) -> {(stage, block): module}``: the modules whose probe
+            points ``backbones.attention_maps.record_attention`` watches.
+        probes: {probe attribute of an attention module: ``record(module, input shape, probe output) -> dict``}.
+        picture: the kind of picture ``tools/visualize_attention.py`` draws (``'stoken'``, ``'hat'``; None: none).
+        attention_stages: ``attention_stages(model) -> [stage, ...]``: the stages with a map worth drawing.
+        no_map_reason: why a stage outside ``attention_stages`` has no map (for the tool's error messages).
+        official_extras: ``official_extras(state_dict) -> {key: tensor}``: what the official layout holds beyond
+            our keys (constant tensors), for ``backbones.export``'s ``'official'`` format; None: nothing.
+        official: how to run its official code (``perf.official``); None: no official code known.
+        options: constructor arguments of its own that the measuring tools pass through (``'stoken_size'``).
+        head_cost: ``head_cost(channels) -> (params, MACs at 224x224)`` of the official classification head that
+            the backbone leaves out (``perf.variants``); None: no head.
+    """
+
+    name: str
+    cls: type
+    type_name: str
+    title: str
+    sizes: Mapping[str, dict]
+    released: tuple[str, ...]
+    key_pattern: re.Pattern
+    signature_keys: tuple[str, str]
+    attention_modules: Callable[[nn.Module], dict]
+    probes: Mapping[str, Callable]
+    picture: str | None = None
+    attention_stages: Callable[[nn.Module], list[int]] = lambda model: [0, 1, 2, 3]
+    no_map_reason: str = ""
+    official_extras: Callable[[Mapping], dict] | None = None
+    official: OfficialCode | None = None
+    options: frozenset[str] = field(default_factory=frozenset)
+    head_cost: Callable[[int], tuple[int, int]] | None = None
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Add ``family`` to ``FAMILIES`` (its own file calls this once); returns it. Registering another record
+    under a taken name or mm type name is refused."""
+    for other in FAMILIES.values():
+        if other.name != family.name and other.type_name == family.type_name:
+            raise ValueError(f"family {family.name!r}: mm type name {family.type_name!r} is {other.name!r}'s")
+    if family.name in FAMILIES and FAMILIES[family.name] is not family:
+        raise ValueError(f"a backbone family named {family.name!r} is registered already; pick another name")
+    FAMILIES[family.name] = family
+    return family
+
+
+def unregister(name: str) -> None:
+    """Remove the family ``name`` (a family registered for a while only, e.g. by a test)."""
+    FAMILIES.pop(name, None)
+
+
+def get(name: str) -> Family:
+    """The registered family ``name``; a ``KeyError`` naming the registered ones otherwise."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"unknown backbone family {name!r}; registered: {sorted(FAMILIES)}") from None
+
+
+def by_type_name(type_name: str) -> Family | None:
+    """The family whose mm config ``type`` is ``type_name`` (a scope prefix ``mmdet.`` is ignored), or None."""
+    short = str(type_name).rpartition(".")[2]
+    return next((f for f in FAMILIES.values() if f.type_name == short), None)
+
+
+def create(name: str, size: str | dict = "small", **kwargs) -> nn.Module:
+    """A backbone of family ``name``: ``size`` a preset of its ``sizes`` or an arch dict; ``kwargs`` go to its
+    constructor (``out_indices``, ``with_cp``, ...)."""
+    return get(name).cls(size, **kwargs)
+
+
+def family_of(obj: nn.Module | Mapping[str, torch.Tensor]) -> Family | None:
+    """The family of a backbone (its ``family`` attribute) or of a state dict (the family whose ``key_pattern``
+    most keys match); None when it is none of the registered ones."""
+    if isinstance(obj, nn.Module):
+        return FAMILIES.get(getattr(obj, "family", None))
+    counts = {name: sum(1 for k in obj if f.key_pattern.search(k)) for name, f in FAMILIES.items()}
+    best = max(counts, key=counts.get, default=None)
+    return FAMILIES[best] if best is not None and counts[best] else None

@@ -1,0 +1,280 @@
+"""Whole-model speed of a config's detector / segmentor next to the Swin-T baseline's (``tools/benchmark.py
+--config``): inference images/s at batch 1 on a ready batch and through the test dataloader, the training step
+(forward, backward and the step of the config's optimizer, ``TRAIN_BATCH`` images) and peak memory.
+
+Both models get the same input: one image of ``size`` (default: the config's test scale) with random ground
+truth for the training step, and the config's test images for the loaded inference (the baseline reads them
+through the same dataloader section). Timings are taken round-robin (each round times every model once), so that
+the noise of a shared machine hits both alike; the median and the spread (min-max) over the rounds are reported.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from .flops import fake_batch
+from .timing import timed_call
+
+SWIN_T = {
+    "mmdet": "swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py",
+    "mmseg": "swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py",
+}
+PHASES = ("infer", "infer_loaded", "train")
+# Images of the timed training step: the detection papers' 2 per GPU; 1 cannot train UperNet (its pyramid pooling
+# normalises a 1x1 map, which BatchNorm refuses for a single image).
+TRAIN_BATCH = 2
+_LOGGERS = itertools.count()
+
+
+def baseline_config(scope: str) -> str:
+    """The path of the Swin-T baseline config of ``scope`` ('mmdet' or 'mmseg') in the installed package."""
+    import importlib
+
+    package = Path(importlib.import_module(scope).__file__).parent
+    return str(package / ".mim" / "configs" / SWIN_T[scope])
+
+
+def default_size(cfg) -> tuple[int, int]:
+    """(H, W) of the config's test scale: the segmentor's data-preprocessor size (the crop it is trained and
+    tested on), else the first ``Resize`` scale of the test pipeline as (short side, long side)."""
+    size = (cfg.model.get("data_preprocessor") or {}).get("size")
+    if size:
+        return tuple(size)
+    for step in cfg.test_dataloader.dataset.get("pipeline", []):
+        if step.get("type") == "Resize" and step.get("scale"):
+            scale = step["scale"]
+            return (min(scale), max(scale)) if step.get("keep_ratio") else (scale[1], scale[0])
+    raise ValueError(
+        "no test scale in the config (model.data_preprocessor.size or a test-pipeline Resize): give --size"
+    )
+
+
+def synthetic_targets(samples: list, scope: str, num_classes: int, objects: int = 5) -> list:
+    """``samples`` with random ground truth for a loss: ``objects`` boxes with their box-filling masks
+    (detection), or a random class map (segmentation). Seeded: both models get the same targets."""
+    g = torch.Generator().manual_seed(0)
+    h, w = samples[0].metainfo["img_shape"]
+    for sample in samples:
+        if scope == "mmdet":
+            from mmdet.structures.mask import BitmapMasks
+            from mmengine.structures import InstanceData
+
+            xy = torch.rand(objects, 2, generator=g) * torch.tensor([w * 0.6, h * 0.6])
+            wh = (0.1 + 0.3 * torch.rand(objects, 2, generator=g)) * torch.tensor([w, h])
+            boxes = torch.cat([xy, xy + wh], 1)
+            masks = torch.zeros(objects, h, w, dtype=torch.uint8)
+            for m, (x1, y1, x2, y2) in zip(masks, boxes.int().tolist()):
+                m[y1:y2, x1:x2] = 1
+            gt = InstanceData(bboxes=boxes, labels=torch.randint(num_classes, (objects,), generator=g))
+            gt.masks = BitmapMasks(masks.numpy(), h, w)
+            sample.gt_instances = gt
+        else:
+            from mmengine.structures import PixelData
+
+            sample.gt_sem_seg = PixelData(data=torch.randint(num_classes, (1, h, w), generator=g))
+    return samples
+
+
+@dataclasses.dataclass
+class Subject:
+    """One measured model: its name, config, built mm model, optimizer and the inputs of its steps."""
+
+    name: str
+    config: str
+    cfg: object
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: tuple
+    train_batch: tuple
+    loader: object  # the test dataloader (batch 1), or a str saying why there is none
+
+    def infer(self) -> None:
+        self.model.eval()
+        with torch.no_grad():
+            self.model(*self.batch, mode="predict")
+
+    def infer_loaded(self) -> None:
+        """One image through the dataloader, the data preprocessor and the model."""
+        self.model.eval()
+        batch = next(self._images)
+        with torch.no_grad():
+            data = self.model.data_preprocessor(batch, False)
+            self.model(**data, mode="predict")
+
+    def train(self) -> None:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, _ = self.model.parse_losses(self.model(*self.train_batch, mode="loss"))
+        loss.backward()
+        self.optimizer.step()
+
+    def start_loading(self) -> None:
+        # the loader again and again for any number of rounds (itertools.cycle would replay cached batches)
+        self._images = (batch for _ in itertools.count() for batch in self.loader)
+
+
+def build_subject(name: str, config: str, size, device: str, cfg_options=None, data_from=None) -> Subject:
+    """The config's model (random weights, seeded), its optimizer from ``optim_wrapper`` as training builds it,
+    a ready batch of one image of ``size``, a training batch of ``TRAIN_BATCH`` such images with synthetic
+    targets, and the test dataloader at batch 1.
+
+    Args:
+        name: the row's name.
+        config: the config's path.
+        size: (H, W) of the ready batch.
+        device: 'cpu' or 'cuda'.
+        cfg_options: ``--cfg-options`` overrides.
+        data_from: a config whose ``test_dataloader`` replaces this one's (the baseline reads our images).
+    """
+    from mmengine.logging import MMLogger
+
+    from tasks import build_task
+    from tasks.config import load_config
+    from tasks.training.optim import build_optimizer
+
+    # a new current logger at WARNING: mmengine's optimizer builder reports every parameter's options at INFO
+    MMLogger.get_instance(f"perf.whole_model.{next(_LOGGERS)}", log_level="WARNING")
+
+    cfg = load_config(config, cfg_options)
+    if data_from is not None:
+        cfg.test_dataloader = data_from.test_dataloader
+    cfg.test_dataloader.batch_size = 1
+    cfg.test_dataloader.num_workers = 0
+    torch.manual_seed(0)
+    module, data = build_task(cfg, init_weights=False)
+    model = module.model.to(device)
+    optimizer = build_optimizer(model, cfg.optim_wrapper)
+    inputs, samples = fake_batch(model, cfg.default_scope, tuple(size))
+    head = model.roi_head.bbox_head if cfg.default_scope == "mmdet" else model.decode_head
+    targets = synthetic_targets(
+        [copy.deepcopy(samples[0]) for _ in range(TRAIN_BATCH)], cfg.default_scope, head.num_classes
+    )
+    train_batch = (inputs.expand(TRAIN_BATCH, -1, -1, -1).contiguous().to(device), [t.to(device) for t in targets])
+    try:
+        loader = data.test_dataloader()
+        len(loader.dataset)
+    except FileNotFoundError as e:  # no data here: the loaded row says so
+        loader = f"no test data ({str(e).splitlines()[0]})"
+    batch = (inputs.to(device), [s.to(device) for s in samples])
+    return Subject(name, config, cfg, model, optimizer, batch, train_batch, loader)
+
+
+def measure(subjects: list[Subject], device: str, warmup: int, rounds: int) -> dict:
+    """{name: {phase: [seconds per round] or the reason it was not measured}}, round-robin over the subjects."""
+    for s in subjects:
+        if not isinstance(s.loader, str):
+            s.start_loading()
+    times = {s.name: {p: [] for p in PHASES} for s in subjects}
+    for phase in PHASES:
+        todo = [s for s in subjects if phase != "infer_loaded" or not isinstance(s.loader, str)]
+        for s in subjects:
+            if s not in todo:
+                times[s.name][phase] = s.loader
+        for r in range(warmup + rounds):
+            for s in todo:
+                seconds = timed_call(getattr(s, phase), device)
+                if r >= warmup:
+                    times[s.name][phase].append(seconds)
+    return times
+
+
+def peak_gib(config: str, size, device: str, cfg_options=None) -> float:
+    """Peak memory (GiB) of two training steps and one inference of the config's model: on CUDA
+    ``max_memory_allocated`` in this process, on CPU the peak RSS of a child process that builds only this model."""
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        _steps(build_subject("", config, size, device, cfg_options))
+        return torch.cuda.max_memory_allocated() / 2**30
+    from .child import last_json, run_module
+
+    args = json.dumps(dict(config=config, size=list(size), cfg_options=cfg_options or {}))
+    return last_json(run_module("perf.whole_model", args))["max_rss_gib"]
+
+
+def _steps(s: Subject) -> None:
+    s.train()
+    s.train()
+    s.infer()
+
+
+def _child(args_json: str) -> None:
+    """``python -m perf.whole_model ARGS``: ``peak_gib``'s CPU child; the peak RSS as the last line (JSON)."""
+    from .memory import peak_rss_gib
+
+    args = json.loads(args_json)
+    _steps(build_subject("", args["config"], args["size"], "cpu", args["cfg_options"]))
+    print(json.dumps({"max_rss_gib": peak_rss_gib()}))
+
+
+def benchmark(
+    config: str,
+    baseline: str | None = "swin-t",
+    size=None,
+    device: str = "cpu",
+    warmup: int = 1,
+    rounds: int = 3,
+    memory: bool = True,
+    cfg_options=None,
+) -> list[dict]:
+    """Rows of ``config``'s model ('ours') and the baseline's: params, images/s of inference on a ready batch and
+    with loading (median, min, max over ``rounds``), train-step seconds (median, min, max) and peak GiB.
+
+    Args:
+        config: our detection / segmentation config.
+        baseline: ``'swin-t'`` (mmdet's Swin-T Mask R-CNN or mmseg's Swin-T UPerNet, after the config's task), a
+            config path, or None for ours alone.
+        size: (H, W) of the ready batch (default: ``default_size`` of the config).
+        device: 'cpu' or 'cuda'.
+        warmup: untimed rounds first.
+        rounds: timed rounds.
+        memory: measure peak memory (on CPU in a child process per model).
+        cfg_options: overrides of ``config`` (not of the baseline's, whose test data is ours).
+    """
+    from tasks.config import load_config
+
+    cfg = load_config(config, cfg_options)
+    size = tuple(size) if size else default_size(cfg)
+    subjects = [build_subject("ours", config, size, device, cfg_options)]
+    if baseline:
+        path = baseline_config(cfg.default_scope) if baseline == "swin-t" else baseline
+        subjects.append(
+            build_subject("Swin-T" if baseline == "swin-t" else Path(path).stem, path, size, device, data_from=cfg)
+        )
+    times = measure(subjects, device, warmup, rounds)
+    rows = []
+    for s in subjects:
+        row = dict(
+            model=s.name,
+            config=s.config,
+            size=f"{size[0]}x{size[1]}",
+            device=device,
+            rounds=rounds,
+            params_m=sum(p.numel() for p in s.model.parameters()) / 1e6,
+        )
+        for phase, values in times[s.name].items():
+            if isinstance(values, str):
+                row[phase] = values
+            elif phase == "train":
+                row[phase] = dict(median=statistics.median(values), min=min(values), max=max(values))
+            else:  # images/s: one image per call
+                row[phase] = dict(median=1 / statistics.median(values), min=1 / max(values), max=1 / min(values))
+        rows.append(row)
+    del subjects
+    for row in rows:
+        row["peak_gib"] = (
+            peak_gib(row["config"], size, device, cfg_options if row["model"] == "ours" else None) if memory else None
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])

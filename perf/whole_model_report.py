@@ -1,0 +1,34 @@
+"""``tools/benchmark.py --config``'s table: ``perf.whole_model.benchmark``'s rows, ours against the baseline."""
+
+from __future__ import annotations
+
+from .report import table as md_table
+from .whole_model import TRAIN_BATCH
+
+
+def _cell(v, fmt: str) -> str:
+    """A table cell: a median with its (min-max) spread, a number, or the reason there is none."""
+    if isinstance(v, dict):
+        return f"{fmt.format(v['median'])} ({fmt.format(v['min'])}-{fmt.format(v['max'])})"
+    return "n/a" if v is None else v if isinstance(v, str) else fmt.format(v)
+
+
+def _ratio(a, b) -> str:
+    a, b = (v["median"] if isinstance(v, dict) else v for v in (a, b))
+    return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) and b else "n/a"
+
+
+def table(rows: list[dict]) -> str:
+    """``benchmark``'s rows as a Markdown table, medians with the (min-max) spread, and with a baseline the ratio
+    row: ours / baseline of images/s (above 1: ours faster), of train-step seconds and of peak memory (below 1:
+    ours faster / smaller)."""
+    header = ["model", "params (M)", "infer img/s", "infer + loading img/s", "train step s", "peak GiB"]
+    fmts = dict(infer="{:.2f}", infer_loaded="{:.2f}", train="{:.3f}", peak_gib="{:.2f}")
+    lines = [[r["model"], f"{r['params_m']:.1f}", *(_cell(r[k], f) for k, f in fmts.items())] for r in rows]
+    if len(rows) == 2:
+        ours, base = rows
+        lines.append([f"ours / {base['model']}", *(_ratio(ours[k], base[k]) for k in ("params_m", *fmts))])
+    r = rows[0]
+    title = f"{r['size']} input, batch 1 (train step: {TRAIN_BATCH}), {r['device']}"
+    title += f", median (min-max) of {r['rounds']} rounds"
+    return title + "\n\n" + md_table(header, lines)

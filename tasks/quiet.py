@@ -1,0 +1,70 @@
+"""The one place where the dependencies' console noise is silenced, each by its exact message and the module
+that emits it (no blanket filter: any other warning still prints, and the tests turn it into an error).
+
+``install()`` runs when ``tasks`` is imported, so every tool and every test process has it before it loads a
+config or builds a trainer. Our own warnings are fixed at their cause, never filtered here.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+# (message regex matched at the start, category, emitting module regex, why it does not concern a user)
+WARNING_FILTERS: tuple[tuple[str, type[Warning], str, str], ...] = (
+    (
+        r"pkg_resources is deprecated as an API",
+        UserWarning,
+        r"mmengine\.utils\.package_utils|importlib",
+        "mmengine 0.10 imports (and reloads) setuptools' pkg_resources to find mmdet's / mmseg's base configs",
+    ),
+    (
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        Warning,
+        r"lightning\.pytorch\.utilities\._pytree",
+        "Lightning 2.6's pytree helper on torch 2.14's deprecated LeafSpec",
+    ),
+    (
+        r"Checkpoint directory .* exists and is not empty",
+        UserWarning,
+        r"lightning\.pytorch\.callbacks\.model_checkpoint",
+        "the work dir holds the run's config copy and mm.log before the first checkpoint, and last.ckpt is "
+        "where --resume looks (docs/training.md), so a non-empty work dir is the normal case",
+    ),
+    (
+        r"`reduce_zero_label` will be deprecated",
+        UserWarning,
+        r"mmseg\.datasets\.transforms\.loading",
+        "mmseg 1.2's own ADE20K base pipelines pass LoadAnnotations(reduce_zero_label=True); the configs keep them",
+    ),
+    (
+        r"``build_loss`` would be deprecated soon",
+        UserWarning,
+        r"mmseg\.models\.builder",
+        "mmseg 1.2 builds its decode heads' losses through its own deprecated helper",
+    ),
+    (
+        r"Default ``avg_non_ignore`` is False",
+        UserWarning,
+        r"mmseg\.models\.losses\.cross_entropy_loss",
+        "mmseg 1.2's CrossEntropyLoss notes a default the paper recipes keep",
+    ),
+)
+
+
+class _DropLightningTips(logging.Filter):
+    """Lightning's advertisement for its cloud logger, printed at every trainer start."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+_TIPS = _DropLightningTips()
+
+
+def install() -> None:
+    """Add the filters above (idempotent: ``warnings.filterwarnings`` and ``addFilter`` skip duplicates)."""
+    for message, category, module, _why in WARNING_FILTERS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_TIPS)

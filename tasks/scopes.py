@@ -1,0 +1,20 @@
+"""The two mm libraries a config can belong to, and making one of them the default scope of mm's registries."""
+
+from __future__ import annotations
+
+from mmengine.registry import init_default_scope
+
+SCOPES = ("mmdet", "mmseg")
+
+
+def register_scope(scope: str) -> None:
+    """Import every mmdet / mmseg module into its registries and make ``scope`` the default scope, so
+    that ``type='Resize'`` etc. resolve in that library (mmengine's Runner does the same)."""
+    if scope == "mmdet":
+        from mmdet.utils import register_all_modules
+    elif scope == "mmseg":
+        from mmseg.utils import register_all_modules
+    else:
+        raise ValueError(f"unknown scope {scope!r}, expected one of {SCOPES}")
+    register_all_modules(init_default_scope=False)
+    init_default_scope(scope)

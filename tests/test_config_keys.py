@@ -1,0 +1,153 @@
+"""Every key of a config is honoured or refused: the key table (tasks/config_key_table.py) covers every key of
+mmdet's and mmseg's installed base configs and of ours, tools/train.py stops on a misspelt key naming the
+closest valid one, ignored keys log one line only when set away from mm's defaults, docs/config_keys.md is the
+table's rendering, and the config's ``compile`` trains like the eager model."""
+
+import glob
+import logging
+import os.path as osp
+import re
+
+import lightning as L
+import mmdet
+import mmseg
+import pytest
+from mmengine.config import Config
+
+import backbones
+from tasks.config import load_config
+from tasks.config_keys import SECTIONS, _scheduler_args, check_keys, keys_of, markdown
+from tasks.training.compile import compile_options
+from tasks.training.trainer import trainer_kwargs
+from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
+
+MM_BASES = sorted(
+    f
+    for pkg in (mmdet, mmseg)
+    for f in glob.glob(osp.join(osp.dirname(pkg.__file__), ".mim", "configs", "_base_", "**", "*.py"), recursive=True)
+)
+OURS = sorted(glob.glob(osp.join(REPO, "configs", "**", "*.py"), recursive=True))
+
+
+@pytest.fixture
+def log_lines():
+    """The messages logged through Lightning's logger (where rank_zero_info writes) during the test."""
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("lightning.pytorch")
+    logger.addHandler(handler)
+    yield lines
+    logger.removeHandler(handler)
+
+
+def _uncovered(cfg) -> list[str]:
+    missing = [k for k in cfg if k not in keys_of("") and not k.startswith("_")]
+    for section in SECTIONS[:-1]:
+        missing += [f"{section}.{k}" for k in cfg.get(section) or {} if k not in keys_of(section)]
+    schedulers = cfg.get("param_scheduler") or []
+    for entry in [schedulers] if isinstance(schedulers, dict) else schedulers:
+        args = _scheduler_args(entry["type"], cfg.get("default_scope") or "mmseg") or set()
+        missing += [f"param_scheduler.{k}" for k in entry if k not in keys_of("param_scheduler") and k not in args]
+    return missing
+
+
+def test_the_table_covers_every_key_of_mm_bases_and_of_our_configs():
+    assert len(MM_BASES) > 100 and len(OURS) == 29 and SEG_CFG in OURS  # 24 configs and 5 bases of ours
+    missing = {}
+    for path in MM_BASES + OURS:
+        uncovered = _uncovered(Config.fromfile(path, import_custom_modules=False))  # keys only: no mmpretrain
+        if uncovered:
+            missing[path] = uncovered
+    assert not missing
+
+
+def test_the_docs_page_is_the_tables_rendering():
+    with open(osp.join(REPO, "docs", "config_keys.md")) as f:
+        assert f.read() == markdown(), "regenerate it: python -m tasks.config_keys --markdown > docs/config_keys.md"
+
+
+@pytest.mark.parametrize(
+    "option, closest", [("optim_wraper.type=OptimWrapper", "optim_wrapper"), ("train_cgf.max_iters=2", "train_cfg")]
+)
+def test_a_misspelt_top_level_key_stops_training_naming_the_closest_key(tmp_path, option, closest):
+    key = option.split(".")[0]
+    with pytest.raises(ValueError) as e:
+        load_tool("train").main([SEG_CFG, "--work-dir", str(tmp_path), "--cfg-options", option])
+    message = str(e.value)
+    assert f"unknown config key {key!r}" in message and f"Did you mean {closest!r}" in message
+    assert SEG_CFG in message and f"'_{key}'" in message  # how to keep it as a variable of one's own
+    assert not (tmp_path / "last.ckpt").exists()
+
+
+def test_unknown_and_refused_keys_inside_sections_are_refused():
+    with pytest.raises(ValueError, match=r"unknown config key train_cfg\.'max_iter'.*Did you mean 'max_iters'"):
+        load_config(SEG_CFG, {"train_cfg.max_iter": 4})
+    with pytest.raises(ValueError, match=r"env_cfg\.dist_cfg=.*trainer\.strategy=dict\(type='ddp'"):
+        load_config(SEG_CFG, {"env_cfg.dist_cfg": dict(backend="gloo")})
+    with pytest.raises(ValueError, match=r"resume=True is not supported.*--resume auto"):
+        load_config(SEG_CFG, {"resume": True})
+    with pytest.raises(ValueError, match=r"train_cfg\.type='ValLoop' is not supported"):
+        load_config(SEG_CFG, {"train_cfg.type": "ValLoop"})
+    cfg = Config.fromfile(SEG_CFG)
+    cfg.param_scheduler[1]["powr"] = 1.0  # PolyLR's `power`, misspelt
+    with pytest.raises(ValueError, match=r"param_scheduler\[1\] \(PolyLR\) 'powr'.*Did you mean 'power'"):
+        check_keys(cfg, SEG_CFG)
+
+
+def test_an_underscore_variable_passes_and_mm_keys_map_to_the_trainer():
+    cfg = load_config(SEG_CFG, {"_my_scale": (64, 32), "optim_wrapper.type": "AmpOptimWrapper"})
+    assert cfg._my_scale == (64, 32)
+    kwargs = trainer_kwargs(cfg)
+    assert kwargs["precision"] == "16-mixed" and kwargs["benchmark"] is True  # mmseg's env_cfg.cudnn_benchmark
+    assert kwargs["log_every_n_steps"] == 10  # the demo's trainer section wins over default_hooks.logger.interval
+    cfg = load_config(DET_CFG, {"trainer": None, "default_hooks.logger.interval": 7})
+    assert trainer_kwargs(cfg)["log_every_n_steps"] == 7
+
+
+def test_ignored_keys_log_one_line_only_when_set_away_from_mms_defaults(log_lines):
+    for config in (SEG_CFG, DET_CFG):
+        load_config(config)
+    assert log_lines == []  # the demo configs (mm's bases with our sections) log nothing
+    load_config(SEG_CFG, {"log_level": "DEBUG", "default_hooks.checkpoint.max_keep_ckpts": 2})
+    assert len(log_lines) == 2
+    assert log_lines[0].startswith(f"{SEG_CFG}: log_level is ignored: ") and "mm.log" in log_lines[0]
+    assert "default_hooks.checkpoint is ignored" in log_lines[1] and "save_top_k" in log_lines[1]
+
+
+def test_bad_compile_values_are_refused():
+    with pytest.raises(ValueError, match=r"unknown torch.compile argument\(s\) \['bakend'\]. Valid: fullgraph"):
+        compile_options(dict(bakend="aot_eager"))
+    with pytest.raises(ValueError, match=r"compile.backend='inductr' is not a torch.compile backend"):
+        compile_options(dict(backend="inductr"))
+    assert compile_options(True) == {} and compile_options(False) is None
+
+
+class _Losses(L.Callback):
+    def __init__(self):
+        self.losses, self.compiled = [], None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+        self.compiled = list(module.compiled)
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_the_eager_run(data_opts, tmp_path):
+    opts = data_opts(
+        "tiny_ade20k", "trainer.max_steps=2", "trainer.limit_val_batches=0", "checkpoint_callback.monitor=None"
+    )
+    runs = {}
+    with backbones.fast_paths(True):  # compiling switches them off for the process: restored on the way out
+        for name, extra in (("eager", []), ("compiled", ["compile.backend=aot_eager"])):
+            probe = _Losses()
+            argv = [SEG_CFG, "--work-dir", str(tmp_path / name), "--cfg-options", *opts, *extra]
+            load_tool("train").main(argv, callbacks=[probe])
+            runs[name] = probe
+        assert not backbones.fast_paths_enabled()
+    assert runs["eager"].compiled == [] and runs["compiled"].compiled == ["backbone"]  # UPerNet has no neck
+    assert len(runs["compiled"].losses) == 2
+    assert runs["compiled"].losses == pytest.approx(runs["eager"].losses, rel=1e-4)
+    assert re.search(
+        r"compile = \{'backend': 'aot_eager'\}", (tmp_path / "compiled" / osp.basename(SEG_CFG)).read_text()
+    )

@@ -1,0 +1,46 @@
+"""What a normal run prints: the metric tables, the model summary and where the outputs went; no Python warning
+(the session's training runs of tests/conftest.py already run with warnings as errors), no library chatter."""
+
+import json
+import logging
+
+from tasks.training.summary import ParamsSummary
+from tests._tools import load_tool, warnings_as_errors
+
+
+def _test_run(run, tmp_path, capfd) -> tuple[dict, str]:
+    out = tmp_path / "metrics.json"
+    with warnings_as_errors():
+        load_tool("test").main([run.config, run.ckpt, "--work-dir", str(tmp_path), "--out", str(out)])
+    captured = capfd.readouterr()
+    return json.loads(out.read_text()), captured.out + captured.err
+
+
+def test_testing_a_detector_prints_metrics_and_no_library_chatter(det_run, tmp_path, capfd):
+    metrics, console = _test_run(det_run, tmp_path, capfd)
+    assert "bbox_mAP" in metrics and "bbox_mAP" in console
+    for chatter in ("loading annotations into memory", "creating index", "Warning", "Tip:", "Be aware"):
+        assert chatter not in console, chatter
+
+
+def test_testing_a_segmentor_prints_metrics_and_no_library_chatter(seg_run, tmp_path, capfd):
+    metrics, console = _test_run(seg_run, tmp_path, capfd)
+    assert "mIoU" in metrics and "mIoU" in console
+    for chatter in ("Warning", "Tip:", "Be aware", "deprecated"):
+        assert chatter not in console, chatter
+
+
+def test_the_training_summary_lists_parameters_without_a_flops_column():
+    # Lightning's summary counts FLOPs only through an example_input_array, which mm batches cannot be (it read 0)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("lightning.pytorch.callbacks.model_summary")
+    logger.addHandler(handler)
+    rows = [("Name", ["model", "evaluator"]), ("Type", ["MaskRCNN", "DetectionEvaluator"]), ("FLOPs", ["0", "0"])]
+    try:
+        ParamsSummary.summarize(rows, 3_000_000, 2_900_000, 12.0, {"train": 5, "eval": 0}, total_flops=0)
+    finally:
+        logger.removeHandler(handler)
+    text = records[0].getMessage()
+    assert "MaskRCNN" in text and "2.9 M" in text and "FLOPs" not in text

@@ -1,0 +1,173 @@
+"""``val_evaluator`` / ``test_evaluator`` honoured (tasks/evaluation/select.py, mm_metric.py): tools/test.py on the
+session's demo runs with the metrics a config asks for. Our evaluators where they compute exactly that (the
+default, numbers unchanged), mm's own metric classes otherwise, whose numbers must equal the same class fed by
+this test with the same predictions; an unknown metric type and a monitor that no metric produces are refused."""
+
+import json
+import sys
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from tests._runs import TIMEOUT, env, run_here
+from tests._tools import DET_CFG, REPO, flat_metrics, load_cfg, load_tool
+
+pytestmark = pytest.mark.slow  # several tools/test.py runs of the demo models
+
+
+class Predictions(L.Callback):
+    """Keeps every test batch's predictions (the samples the evaluator was fed), as plain dicts on the CPU."""
+
+    def __init__(self) -> None:
+        self.samples: list[dict] = []
+        self.metainfo: dict = {}
+        self.dataset = None
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self.dataset = trainer.datamodule.dataset("test")
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.samples += [sample.cpu().to_dict() for sample in outputs]
+
+
+def _test_tool(run, tmp_path, *opts):
+    """tools/test.py on a session run's checkpoint with ``opts``: (metrics, the written JSON, the predictions)."""
+    predictions = Predictions()
+    out = tmp_path / "metrics.json"
+    argv = [run.config, run.ckpt, "--work-dir", str(tmp_path), "--out", str(out), "--cfg-options", *run.opts, *opts]
+    metrics = load_tool("test").main(argv, callbacks=[predictions])
+    return metrics, json.loads(out.read_text()), predictions
+
+
+def _mm_metric(metric, predictions: Predictions) -> dict:
+    """mm's metric fed directly by the test (no registry, no Evaluator, no task code) with the same samples."""
+    metric.dataset_meta = predictions.dataset.metainfo
+    metric.process({}, predictions.samples)
+    return {k: float(v) for k, v in metric.evaluate(len(predictions.samples)).items()}
+
+
+def test_default_path_is_ours_with_unchanged_numbers(det_run, seg_run, tmp_path, caplog):
+    # the demo configs state mm's base evaluators; ours computes them, under the project's names
+    for run, line, names in (
+        (
+            det_run,
+            "ours (DetectionEvaluator) for CocoMetric(metric=['bbox', 'segm']",
+            {"bbox_mAP", "bbox_mAP_l", "segm_mAP_75"},
+        ),
+        (seg_run, "ours (SegmentationEvaluator) for IoUMetric(iou_metrics=['mIoU'])", {"mIoU", "aAcc", "mAcc"}),
+    ):
+        cfg = load_cfg(run.config, run.opts)
+        assert cfg.test_evaluator.type == {"mmdet": "CocoMetric", "mmseg": "IoUMetric"}[cfg.default_scope]
+        metrics, written, _ = _test_tool(run, tmp_path / cfg.default_scope)
+        assert f"evaluation (val_evaluator, test_evaluator): {line}" in caplog.text
+        assert names <= set(metrics) and "per_class" in metrics and written == metrics
+        # the checkpoint was written after the run's last validation, on the same images: the same numbers
+        assert flat_metrics(metrics) == pytest.approx(flat_metrics(run.metrics), abs=1e-9, nan_ok=True)
+
+
+def test_iou_metric_dice_fscore_equals_mmseg(seg_run, tmp_path, caplog):
+    from mmseg.evaluation import IoUMetric
+
+    asks = ["mIoU", "mDice", "mFscore"]
+    metrics, written, predictions = _test_tool(seg_run, tmp_path, f"test_evaluator.iou_metrics={asks}")
+    assert "evaluation (test_evaluator): mmseg's own IoUMetric(iou_metrics=['mIoU', 'mDice', 'mFscore'])" in (
+        caplog.text
+    )
+    expected = _mm_metric(IoUMetric(iou_metrics=asks), predictions)
+    assert set(expected) >= {"aAcc", "mIoU", "mDice", "mFscore", "mPrecision", "mRecall"}
+    assert metrics == expected and written == expected
+    # mmseg's percentages (2 decimals) against ours on the default path: the same mIoU
+    assert expected["mIoU"] / 100 == pytest.approx(seg_run.metrics["mIoU"], abs=5e-5)
+
+
+@pytest.mark.parametrize(
+    "opts, metric_kwargs",
+    [
+        (["test_evaluator.classwise=True"], dict(metric=["bbox", "segm"], classwise=True)),
+        (
+            ["test_evaluator.metric=[bbox,proposal]", "test_evaluator.proposal_nums=(1,10,100)"],
+            dict(metric=["bbox", "proposal"], proposal_nums=(1, 10, 100)),
+        ),
+    ],
+    ids=["classwise", "proposal"],
+)
+def test_coco_metric_options_equal_mmdet(det_run, tmp_path, caplog, opts, metric_kwargs):
+    from mmdet.evaluation import CocoMetric
+
+    metrics, written, predictions = _test_tool(det_run, tmp_path, *opts)
+    assert "evaluation (test_evaluator): mmdet's own CocoMetric(" in caplog.text
+    expected = _mm_metric(CocoMetric(ann_file=predictions.dataset.ann_file, **metric_kwargs), predictions)
+    assert len(predictions.samples) == 3 and "coco/bbox_mAP" in expected
+    if metric_kwargs.get("classwise"):
+        assert {"coco/segm_mAP", "coco/square_precision"} <= set(expected)
+    else:
+        assert {"coco/bbox_mAP_50", "coco/AR@100", "coco/AR_l@1000"} <= set(expected)  # mmdet's fixed AR names
+    assert metrics == pytest.approx(expected, abs=0, nan_ok=True) and set(written) == set(expected)
+    if metric_kwargs.get("classwise"):  # mmdet's 3 decimals against ours on the default path
+        assert expected["coco/bbox_mAP"] == pytest.approx(det_run.metrics["bbox_mAP"], abs=5e-4)
+
+
+def test_unknown_metric_type_names_the_registered_ones(seg_run, tmp_path):
+    with pytest.raises(KeyError, match=r"test_evaluator: unknown type 'IouMetric'.*Did you mean .*'IoUMetric'"):
+        _test_tool(seg_run, tmp_path, "test_evaluator.type=IouMetric")
+
+
+def test_proposal_fast_refused_before_the_loop(det_run, tmp_path):
+    # mmdet 3.3's eval_recalls cannot run with this numpy (checked below): refused at once, naming the fix
+    from mmdet.evaluation.functional import eval_recalls
+
+    with pytest.raises(ValueError, match="inhomogeneous"):
+        eval_recalls([np.zeros((2, 4)), np.zeros((1, 4))], [np.zeros((3, 4)), np.zeros((3, 4))], [1], 0.5)
+    with pytest.raises(ValueError, match=r"test_evaluator: CocoMetric\(metric='proposal_fast'\).*metric='proposal'"):
+        _test_tool(det_run, tmp_path, "test_evaluator.metric=proposal_fast")
+
+
+def test_monitor_that_no_metric_produces_fails_before_training(det_run, tmp_path):
+    train = load_tool("train")
+    opts = [*det_run.opts, "val_evaluator.classwise=True"]
+    with pytest.raises(
+        ValueError, match=r"monitor='bbox_mAP' is not a metric.*checkpoint_callback.monitor=coco/bbox_mAP"
+    ):
+        train.main([DET_CFG, "--work-dir", str(tmp_path / "a"), "--cfg-options", *opts])
+    assert not list((tmp_path / "a").glob("*.ckpt"))  # refused before any step or checkpoint
+    # with mm's name monitored, validation during training runs mmdet's CocoMetric: its names are logged, stored
+    # and ranked by, and its numbers are those of tools/test.py with the same metric on the last checkpoint
+    work = tmp_path / "b"
+    metrics = train.main(
+        [DET_CFG, "--work-dir", str(work), "--cfg-options", *opts, "checkpoint_callback.monitor=coco/bbox_mAP"]
+    )
+    assert {"coco/bbox_mAP", "coco/segm_mAP", "coco/square_precision"} <= set(metrics)
+    assert "bbox_mAP" not in metrics and len(list(work.glob("best_coco_bbox_mAP_*.ckpt"))) == 1
+    assert torch.load(work / "last.ckpt", weights_only=True)["val_metrics"] == metrics
+    run = det_run._replace(ckpt=str(work / "last.ckpt"))
+    tested, _, _ = _test_tool(run, tmp_path / "test", "test_evaluator.classwise=True")
+    assert tested == pytest.approx(metrics, abs=0, nan_ok=True)
+
+
+def test_mm_metric_under_ddp_counts_each_image_once(seg_run, tmp_path):
+    """2 gloo processes (3 images: 2 + 1): mm's IoUMetric gathers through mmengine.dist; every image once, so the
+    metrics equal one process's."""
+    import subprocess
+
+    opts = [*seg_run.opts, "test_evaluator.iou_metrics=[mIoU,mDice]"]
+    out = {}
+    for devices in (1, 2):
+        path = tmp_path / f"d{devices}.json"
+        argv = [seg_run.config, seg_run.ckpt, "--work-dir", str(tmp_path), "--out", str(path), "--cfg-options", *opts]
+        argv.append(f"trainer.devices={devices}")
+        if devices == 1:  # in this process, one thread as each DDP process
+            run_here("test", argv)
+        else:
+            proc = subprocess.run(
+                [sys.executable, "tools/test.py", *argv, "trainer.strategy=ddp"],
+                cwd=REPO,
+                env=env(),
+                capture_output=True,
+                text=True,
+                timeout=2 * TIMEOUT,
+            )
+            assert proc.returncode == 0, proc.stderr[-4000:]
+        out[devices] = json.loads(path.read_text())
+    assert set(out[1]) >= {"mIoU", "mDice", "aAcc"} and out[2] == out[1]

@@ -1,0 +1,176 @@
+"""The family registry (backbones.families): a third family registered here, in the test alone, goes through
+the export (plain and official layout), the weight loading, the benchmark's model builder (perf.models, the
+official-code adapter included) and the attention maps without any other file knowing it."""
+
+import re
+import types
+
+import pytest
+import torch
+from torch import nn
+
+import backbones
+from backbones import FAMILIES, Family, OfficialCode, create, family_of, load_pretrained
+from backbones._common import NUM_STAGES, Probe, StagedBackbone, check_input, resolve_arch
+from backbones.attention_maps import last_blocks, record_attention
+from backbones.export import ExportError, read_export, save_backbone, verify_export
+from backbones.families import register, unregister
+from perf.models import build, ours_and_official
+from perf.official import max_relative_difference
+
+
+class ToyBlock(nn.Module):
+    """A residual 3x3 conv gated by a softmax over the map's positions, passed through a probe point."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim, 3, padding=1)
+        self.weights = Probe()  # (B, H*W): the softmax over positions
+
+    def forward(self, x):
+        B, _, H, W = x.shape
+        w = self.weights(x.flatten(2).mean(1).softmax(-1))
+        return x + self.conv(x) * w.reshape(B, 1, H, W)
+
+
+class ToyNet(StagedBackbone):
+    """A tiny 4-stage conv feature extractor (stride 4 stem, stride 2 downsamples)."""
+
+    family = "toy"
+    archs = {"one": dict(dims=[8, 16, 32, 64], depths=[1, 1, 2, 1])}
+    skipped_key_patterns = (r"^head\.",)
+
+    def __init__(self, arch="one", out_indices=(0, 1, 2, 3), with_cp=False, frozen_stages=-1, norm_eval=False,
+                 pretrained=None, norm_out=False, head=False):  # fmt: skip
+        super().__init__()
+        arch = resolve_arch(arch, {**self.archs, "shrunk": self.archs["one"]}, "Toy", ("dims", "depths"), {})
+        self._setup_options(arch, out_indices, frozen_stages, norm_eval, with_cp)
+        dims = arch["dims"]
+        self.stem = nn.Conv2d(3, dims[0], 4, 4)
+        self.downs = nn.ModuleList(nn.Conv2d(dims[i], dims[i + 1], 2, 2) for i in range(NUM_STAGES - 1))
+        self.stages = nn.ModuleList(nn.ModuleList(ToyBlock(c) for _ in range(d)) for c, d in zip(dims, arch["depths"]))
+        if head:  # the "official classification model": the same stages plus a head the backbone leaves out
+            self.head = nn.Linear(dims[-1], 10)
+        entries = ["stem"] + [f"downs.{i}" for i in range(NUM_STAGES - 1)]
+        self._setup_outputs(dims, "stages.{stage}.{block}", entries, norm_out, lambda c: nn.GroupNorm(1, c))
+        self._finish(pretrained)
+
+    def stem_modules(self):
+        return [self.stem]
+
+    def stage_modules(self, i):
+        return ([self.downs[i - 1]] if i else []) + [self.stages[i]]
+
+    def forward(self, x):
+        check_input(x, "ToyNet")
+        x, outs = self.stem(x), []
+        for i in range(NUM_STAGES):
+            x = self._run_blocks(self.stages[i], x if i == 0 else self.downs[i - 1](x))
+            if i in self.out_indices:
+                outs.append(self._output(i, x))
+        return tuple(outs)
+
+
+def _weights_record(m, shape, probs):
+    return dict(kind="toy", weights=probs.reshape(shape[0], *shape[-2:]), size=tuple(shape[-2:]))
+
+
+# the "official code": a module defining ToyNet and its variant builder toy_one
+OFFICIAL = types.SimpleNamespace(ToyNet=ToyNet, toy_one=lambda: ToyNet("one", head=True))
+
+TOY = Family(
+    name="toy",
+    cls=ToyNet,
+    type_name="ToyNet",
+    title="Toy",
+    sizes={**ToyNet.archs, "shrunk": ToyNet.archs["one"]},
+    released=("one",),
+    key_pattern=re.compile(r"^stages\.\d+\.\d+\.|^stem\."),
+    signature_keys=("stages.{}.0.conv.weight", r"^stages\.{}\.(\d+)\."),
+    attention_modules=lambda m: {(i, j): b for i, s in enumerate(m.stages) for j, b in enumerate(s)},
+    probes={"weights": _weights_record},
+    official_extras=lambda sd: {"head.weight": torch.zeros(10, 64), "head.bias": torch.zeros(10)},
+    official=OfficialCode(
+        repo="toy (toy.py)",
+        classes=("ToyNet",),
+        prefix="toy_",
+        build=lambda builder, stoken_size: builder(),
+        stages=lambda m, x: (m.stem(x), list(zip(m.stages, [*m.downs, None]))),
+    ),
+)
+
+
+@pytest.fixture
+def toy():
+    register(TOY)
+    yield TOY
+    unregister("toy")
+
+
+def test_registry_knows_both_families_by_model_state_dict_and_type_name():
+    assert {"stvit", "hatnet"} <= set(FAMILIES)
+    for name, family in FAMILIES.items():
+        model = create(name, "shrunk")
+        assert isinstance(model, family.cls) and family_of(model) is family
+        assert family_of(model.state_dict()) is family
+        assert backbones.families.by_type_name(f"mmdet.{family.type_name}") is family
+        assert set(family.released) <= set(family.sizes) and "shrunk" in family.sizes
+    assert family_of({"fc.weight": torch.zeros(1)}) is None
+    with pytest.raises(KeyError, match="unknown backbone family 'nope'.*registered"):
+        create("nope")
+
+
+def test_a_taken_name_is_refused(toy):
+    with pytest.raises(ValueError, match="registered already"):
+        register(Family(**{**TOY.__dict__, "cls": nn.Identity}))
+    with pytest.raises(ValueError, match="mm type name 'STViT'"):
+        register(Family(**{**TOY.__dict__, "name": "toy2", "type_name": "STViT"}))
+
+
+def test_a_third_family_exports_loads_benchmarks_and_records_attention(toy, tmp_path):
+    model = create("toy", "one").eval()
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        expected = model(x)
+    assert family_of(model) is toy and family_of(model.state_dict()) is toy
+
+    # export, plain and official layout, and back through load_pretrained into a fresh model
+    for fmt in ("pth", "official"):
+        path = tmp_path / f"toy.{fmt}.pth"
+        meta = save_backbone(model.state_dict(), model, path, fmt)
+        assert meta["family"] == "toy" and verify_export(path)["sha256"] == meta["sha256"]
+        sd, _ = read_export(path)
+        assert ("head.weight" in sd) == (fmt == "official")
+        fresh = create("toy", "one").eval()
+        report = load_pretrained(fresh, path)
+        assert report.skipped == (["head.bias", "head.weight"] if fmt == "official" else [])
+        with torch.no_grad():
+            for a, b in zip(fresh(x), expected):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    # the benchmark's builder: ours, the plain-path reference, and the official code carrying the same weights
+    for name in ("ours", "reference"):
+        with torch.no_grad():
+            outs = build(name, "toy", "shrunk", stoken_size=[2, 2, 1, 1]).eval()(x)
+        assert [o.shape[1] for o in outs] == [8, 16, 32, 64]
+    ours, official = ours_and_official(OFFICIAL, "toy", "one")
+    with torch.no_grad():
+        assert max_relative_difference(official.eval()(x), ours.eval()(x)) == 0.0
+
+    # attention maps through the family's probe points
+    with record_attention(model, last_blocks(model)) as records:
+        with torch.no_grad():
+            model(x)
+    assert sorted(records) == [(0, 0), (1, 0), (2, 1), (3, 0)]
+    assert records[(1, 0)]["size"] == (8, 12)
+    torch.testing.assert_close(records[(1, 0)]["weights"].sum((1, 2)), torch.ones(1))
+
+
+def test_official_layout_is_refused_for_a_family_without_official_code(toy, tmp_path):
+    register_without = Family(**{**TOY.__dict__, "official": None})
+    unregister("toy")
+    register(register_without)
+    model = create("toy", "one")
+    with pytest.raises(ExportError, match="no official model.*--format pth"):
+        save_backbone(model.state_dict(), model, tmp_path / "toy.pth", "official")
+    assert not (tmp_path / "toy.pth").exists()

@@ -1,0 +1,48 @@
+"""tools/benchmark.py --config: the whole detector / segmentor timed next to the Swin-T baseline, on the demo
+configs at a small input with one round."""
+
+import json
+import os
+
+import pytest
+
+from perf.whole_model import baseline_config, default_size
+from tasks.config import load_config
+from tests._tools import DET_CFG, SEG_CFG, load_tool
+
+
+def test_baselines_and_default_sizes():
+    assert default_size(load_config(DET_CFG)) == (192, 192)  # the demo's test Resize scale
+    assert default_size(load_config(SEG_CFG)) == (128, 128)  # the demo's crop size
+    det, seg = (load_config(baseline_config(scope)) for scope in ("mmdet", "mmseg"))
+    assert det.model.backbone.type == "SwinTransformer" and det.model.type == "MaskRCNN"
+    assert seg.model.backbone.type == "SwinTransformer" and seg.model.decode_head.type == "UPerHead"
+    assert default_size(det) == (800, 1333) and default_size(seg) == (512, 512)
+
+
+@pytest.mark.slow
+def test_whole_model_against_swin_t(data_opts, tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    argv = ["--config", DET_CFG, "--size", "64x64", "--warmup", "0", "--repeat", "1", "--json", str(out)]
+    load_tool("benchmark").main([*argv, "--cfg-options", *data_opts("tiny_coco")])
+    text = capsys.readouterr().out
+    ours, swin = json.loads(out.read_text())
+    assert (ours["model"], swin["model"]) == ("ours", "Swin-T") and swin["params_m"] > 40 > ours["params_m"]
+    for row in (ours, swin):
+        assert row["train"]["median"] > 0 and row["peak_gib"] > 0
+        assert row["infer"]["median"] > 0 and row["infer_loaded"]["median"] > 0  # the tiny test images loaded
+    lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert {"ours", "Swin-T", "ours / Swin-T"} <= set(lines)
+    ratios = [c.strip() for c in lines["ours / Swin-T"].split("|")[2:-1]]
+    assert ratios[1] == f"{ours['infer']['median'] / swin['infer']['median']:.2f}x"
+    assert ratios[3] == f"{ours['train']['median'] / swin['train']['median']:.2f}x"
+    assert ratios[4] == f"{ours['peak_gib'] / swin['peak_gib']:.2f}x"
+
+
+def test_whole_model_alone_without_data(tmp_path, capsys):
+    missing = os.path.join(tmp_path, "nowhere/")
+    argv = ["--config", SEG_CFG, "--size", "64x64", "--warmup", "0", "--repeat", "1", "--baseline", "none"]
+    load_tool("benchmark").main([*argv, "--no-memory", "--cfg-options", f"test_dataloader.dataset.data_root={missing}"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [r.split("|")[1].strip() for r in rows] == ["model", "ours"]  # no baseline row, no ratio
+    assert "no test data" in rows[1] and missing in rows[1]
