@@ -136,7 +136,8 @@ class StagedBackbone(nn.Module):
     Args:
         out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
         drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the papers).
-        with_cp: activation checkpointing of every block in training (less memory, one more forward).
+        with_cp: activation checkpointing of the blocks in training (less memory, one more forward): True / False
+            for every stage, or 4 bools, one per stage (e.g. ``[False, False, True, True]``).
         frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
         norm_eval: keep the BatchNorms in eval mode (running statistics) while training.
         pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
@@ -151,18 +152,18 @@ class StagedBackbone(nn.Module):
     out_indices: tuple[int, ...]
     frozen_stages: int
     norm_eval: bool
-    with_cp: bool
+    with_cp: bool | tuple[bool, ...]
     norm_out: bool
     stage_channels: list[int]
     feature_info: list[dict]
 
     def _setup_options(
-        self, arch: dict, out_indices: Sequence[int], frozen_stages: int, norm_eval: bool, with_cp: bool
+        self, arch: dict, out_indices: Sequence[int], frozen_stages: int, norm_eval: bool, with_cp
     ) -> None:
-        """Record the resolved ``arch`` and the common options (``out_indices`` checked)."""
+        """Record the resolved ``arch`` and the common options (``out_indices`` and ``with_cp`` checked)."""
         self.arch = arch
         self.out_indices = check_out_indices(out_indices)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, check_with_cp(with_cp)
 
     def _setup_outputs(
         self,
@@ -260,9 +261,11 @@ class StagedBackbone(nn.Module):
         return self
 
     # --- blocks ---------------------------------------------------------------------------------------
-    def _run_blocks(self, blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    def _run_blocks(self, blocks: nn.ModuleList, x: torch.Tensor, stage: int) -> torch.Tensor:
+        """x through ``blocks``, the blocks of stage ``stage`` (0-3), checkpointed if ``with_cp`` says so."""
+        with_cp = self.with_cp if isinstance(self.with_cp, bool) else self.with_cp[stage]
         for blk in blocks:
-            if self.with_cp and x.requires_grad:
+            if with_cp and x.requires_grad:
                 # the recomputation in backward runs the block with the op set of this forward (a compiled
                 # graph has its ops fixed already)
                 fn = blk if torch.compiler.is_compiling() else functools.partial(_ops.run_with, _ops.active(), blk)
@@ -270,6 +273,19 @@ class StagedBackbone(nn.Module):
             else:
                 x = blk(x)
         return x
+
+
+def check_with_cp(with_cp) -> bool | tuple[bool, ...]:
+    """``with_cp`` as the backbones take it: one bool for every stage, or one bool per stage (a sequence of 4,
+    e.g. ``[False, False, True, True]`` to checkpoint only the deep stages), returned as a tuple."""
+    if isinstance(with_cp, bool):
+        return with_cp
+    if isinstance(with_cp, Sequence) and len(with_cp) == NUM_STAGES and all(isinstance(b, bool) for b in with_cp):
+        return tuple(with_cp)
+    raise ValueError(
+        f"with_cp must be True, False or a list of {NUM_STAGES} bools, one per stage (e.g. [False, False, True, "
+        f"True] checkpoints stages 2 and 3); got {with_cp!r}"
+    )
 
 
 def resolve_arch(arch, presets: dict, family: str, required: Sequence[str], defaults: dict) -> dict:

@@ -93,6 +93,24 @@ def _gelu_resdwc(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return g + F.conv2d(g, weight, bias, *conv_args)
 
 
+def _pointwise_conv_backward(dy, x, weight, has_bias, need_x, need_w, need_b):
+    """(grad_x, grad_weight, grad_bias) of y = conv1x1(x, weight[, bias]) (stride 1, groups 1), by the
+    convolution's own backward kernel (the one autograd would call)."""
+    return torch.ops.aten.convolution_backward(
+        dy.contiguous(memory_format=torch.channels_last),
+        x,
+        weight,
+        [weight.shape[0]] if has_bias else None,
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        False,
+        [0, 0],
+        1,
+        [need_x, need_w, need_b],
+    )
+
+
 class _MlpTail(torch.autograd.Function):
     """y = fc2(r), r = GELU(h) + dwconv(GELU(h)): the MLP after fc1, saving only h for backward.
 
@@ -119,19 +137,8 @@ class _MlpTail(torch.autograd.Function):
         with torch.enable_grad():
             r = _gelu_resdwc(*leaves, ctx.dw_args)
         wanted = [t for t in leaves if t is not None and t.requires_grad]
-        # fc2's backward as the convolution's own backward kernel (the same one autograd would call)
-        grad_r, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            dy.contiguous(memory_format=torch.channels_last),
-            r.detach(),
-            weight,
-            [weight.shape[0]] if ctx.has_bias else None,
-            [1, 1],
-            [0, 0],
-            [1, 1],
-            False,
-            [0, 0],
-            1,
-            [bool(wanted), need_w, need_b and ctx.has_bias],
+        grad_r, grad_w, grad_b = _pointwise_conv_backward(
+            dy, r.detach(), weight, ctx.has_bias, bool(wanted), need_w, need_b and ctx.has_bias
         )
         grads = iter(torch.autograd.grad(r, wanted, grad_r) if wanted else ())
         leaf_grads = [next(grads) if t is not None and t.requires_grad else None for t in leaves]
@@ -185,6 +192,83 @@ def conv_ffn(x: torch.Tensor, fc1: nn.Module, act: nn.Module, res: nn.Module, fc
         return fc2(g + dwconv(g))
 
     return row_chunked(row_local, x, (fc1, dwconv, fc2), hidden_channels, limits=limits)
+
+
+# --- HAT-Net's inverted residual -----------------------------------------------------------------------------
+def _silu_dwconv_silu(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_args: tuple):
+    """SiLU(dwconv(SiLU(h))), with the depthwise conv's own stride / padding / dilation / groups."""
+    return F.silu(F.conv2d(F.silu(h), weight, bias, *conv_args))
+
+
+class _InvertedResidualTail(torch.autograd.Function):
+    """y = conv3(SiLU(dwconv(SiLU(h)))), h = conv1(x): HAT-Net's inverted residual after its first 1x1 conv,
+    saving only h for backward.
+
+    Plain autograd keeps four hidden-width (8 x dim at strides 4 and 8) tensors per block until backward (h,
+    SiLU(h), the depthwise conv's output and its SiLU); this keeps h and recomputes the two SiLUs and the
+    depthwise conv in backward (no GEMM is recomputed). Same values and gradients; at 800x1344 that is 1.3 GiB
+    (stages 0 and 1) less kept for HAT-Net-S's backward (docs/performance.md, "Fast paths")."""
+
+    @staticmethod
+    def forward(ctx, h, dw_weight, dw_bias, weight, dw_args):
+        s = _silu_dwconv_silu(h, dw_weight, dw_bias, dw_args)
+        ctx.save_for_backward(h, dw_weight, dw_bias, weight)
+        ctx.dw_args = dw_args
+        return F.conv2d(s, weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        h, dw_weight, dw_bias, weight = ctx.saved_tensors
+        need_h, need_dww, need_dwb, need_w, _ = ctx.needs_input_grad
+        leaves = [
+            t.detach().requires_grad_(n) if t is not None else None
+            for t, n in ((h, need_h), (dw_weight, need_dww), (dw_bias, need_dwb))
+        ]
+        with torch.enable_grad():
+            s = _silu_dwconv_silu(*leaves, ctx.dw_args)
+        wanted = [t for t in leaves if t is not None and t.requires_grad]
+        grad_s, grad_w, _ = _pointwise_conv_backward(dy, s.detach(), weight, False, bool(wanted), need_w, False)
+        grads = iter(torch.autograd.grad(s, wanted, grad_s) if wanted else ())
+        leaf_grads = [next(grads) if t is not None and t.requires_grad else None for t in leaves]
+        return (*leaf_grads, grad_w, None)
+
+
+def inverted_residual(
+    x: torch.Tensor,
+    conv1: nn.Module,
+    act1: nn.Module,
+    dwconv: nn.Module,
+    act2: nn.Module,
+    conv3: nn.Module,
+    *,
+    limits: Limits,
+) -> torch.Tensor:
+    """``conv3(act2(dwconv(act1(conv1(x)))))`` (``_ops.inverted_residual``), in row chunks on large CPU maps and,
+    for hidden activations of at least limits.mlp_recompute_numel elements in training (no autocast), with the
+    activations and the depthwise conv recomputed in backward (``_InvertedResidualTail``). The recomputation
+    applies only to the SiLUs, depthwise conv and bias-free 1x1 conv3 it was written for; other modules take
+    the plain composition (in row chunks)."""
+    hidden_numel = conv1.out_channels * x.numel() // x.shape[1]
+    recompute = (
+        hidden_numel >= limits.mlp_recompute_numel
+        and torch.is_grad_enabled()
+        and not torch.is_autocast_enabled()
+        and type(act1) is nn.SiLU
+        and type(act2) is nn.SiLU
+        and _is_pointwise_conv(conv3)
+        and conv3.bias is None
+        and isinstance(dwconv, nn.Conv2d)
+        and not isinstance(dwconv.padding, str)
+        and dwconv.padding_mode == "zeros"
+    )
+
+    def row_local(t: torch.Tensor) -> torch.Tensor:
+        h = conv1(t)
+        if recompute:
+            return _InvertedResidualTail.apply(h, dwconv.weight, dwconv.bias, conv3.weight, _conv_args(dwconv))
+        return conv3(act2(dwconv(act1(h))))
+
+    return row_chunked(row_local, x, (conv1, dwconv, conv3), conv1.out_channels, limits=limits)
 
 
 # --- STViT's 3x3 super-token neighbourhoods -----------------------------------------------------------------

@@ -9,8 +9,8 @@ class Limits:
 
     Attributes:
         row_chunk_bytes: hidden layers larger than twice this are computed in row chunks of about this size.
-        mlp_recompute_numel: STViT MLP hidden activations of at least this many elements are recomputed in
-            backward instead of kept (0 = always, a huge value = never).
+        mlp_recompute_numel: hidden activations of STViT's MLP and HAT-Net's inverted residual of at least
+            this many elements are recomputed in backward instead of kept (0 = always, a huge value = never).
         attention_min_keys: the oneDNN attention kernel serves attention over at least this many keys.
         attention_max_calls: ... and at most this many (batch x heads) GEMM pairs.
         attention_max_probs_bytes: up to this size the attention probabilities are kept for backward; above

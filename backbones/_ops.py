@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -36,7 +36,7 @@ class OpSet:
     unfold3x3: Callable
     fold3x3: Callable
     conv_ffn: Callable
-    row_local: Callable
+    inverted_residual: Callable
 
 
 # --- the plain formulation ---------------------------------------------------------------------------------
@@ -68,8 +68,8 @@ def _plain_conv_ffn(x, fc1, act, res, fc2):
     return fc2(res(act(fc1(x))))
 
 
-def _whole(fn, x, convs, hidden_channels):
-    return fn(x)
+def _plain_inverted_residual(x, conv1, act1, dwconv, act2, conv3):
+    return conv3(act2(dwconv(act1(conv1(x)))))
 
 
 PLAIN = OpSet(
@@ -80,7 +80,7 @@ PLAIN = OpSet(
     unfold3x3=_plain_unfold3x3,
     fold3x3=_plain_fold3x3,
     conv_ffn=_plain_conv_ffn,
-    row_local=_whole,
+    inverted_residual=_plain_inverted_residual,
 )
 
 
@@ -94,7 +94,7 @@ def fast_ops(limits: Limits) -> OpSet:
         unfold3x3=_kernels.unfold3x3,
         fold3x3=_kernels.fold3x3,
         conv_ffn=functools.partial(_kernels.conv_ffn, limits=limits),
-        row_local=functools.partial(_kernels.row_chunked, limits=limits),
+        inverted_residual=functools.partial(_kernels.inverted_residual, limits=limits),
     )
 
 
@@ -180,9 +180,9 @@ def conv_ffn(x: torch.Tensor, fc1: nn.Module, act: nn.Module, res: nn.Module, fc
     return _ACTIVE[0].conv_ffn(x, fc1, act, res, fc2)
 
 
-def row_local(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, convs: Sequence[nn.Module], hidden_channels: int
+def inverted_residual(
+    x: torch.Tensor, conv1: nn.Module, act1: nn.Module, dwconv: nn.Module, act2: nn.Module, conv3: nn.Module
 ) -> torch.Tensor:
-    """``fn(x)`` for a row-local fn (the convolutions ``convs`` one after another, everything else pointwise,
-    ``hidden_channels`` its widest layer); fast: in row chunks on large CPU maps (``_kernels.row_chunked``)."""
-    return _ACTIVE[0].row_local(fn, x, convs, hidden_channels)
+    """``conv3(act2(dwconv(act1(conv1(x)))))``, HAT-Net's inverted residual between its GroupNorms; fast: in row
+    chunks on large CPU maps, large hidden layers recomputed in backward (``_kernels.inverted_residual``)."""
+    return _ACTIVE[0].inverted_residual(x, conv1, act1, dwconv, act2, conv3)

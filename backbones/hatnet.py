@@ -105,12 +105,9 @@ class InvertedResidual(nn.Module):
         self.conv3 = nn.Sequential(nn.Conv2d(hidden, dim, 1, bias=False), _gn(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # conv3(conv2(conv1(x))); what lies between the two GroupNorms is row-local (ops.row_local: row chunks)
-        convs = (self.conv1[1], self.conv2[0], self.conv3[0])
-        return self.conv3[1](ops.row_local(self._between_norms, self.conv1[0](x), convs, self.conv1[1].out_channels))
-
-    def _between_norms(self, x: torch.Tensor) -> torch.Tensor:  # 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
-        return self.conv3[0](self.conv2(self.conv1[2](self.conv1[1](x))))
+        # conv3(conv2(conv1(x))); between the two GroupNorms: 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
+        between = (self.conv1[1], self.conv1[2], self.conv2[0], self.conv2[1], self.conv3[0])
+        return self.conv3[1](ops.inverted_residual(self.conv1[0](x), *between))
 
 
 def _heads(t: torch.Tensor, parts: int, num_heads: int) -> tuple[torch.Tensor, ...]:
@@ -235,7 +232,7 @@ class HATNet(StagedBackbone):
         arch: str | dict = "small",
         out_indices: Sequence[int] = (0, 1, 2, 3),
         drop_path_rate: float = 0.0,
-        with_cp: bool = False,
+        with_cp: bool | Sequence[bool] = False,
         frozen_stages: int = -1,
         norm_eval: bool = False,
         pretrained: str | os.PathLike | Mapping | None = None,
@@ -306,7 +303,7 @@ class HATNet(StagedBackbone):
         for i, ds in enumerate(self._downsamples()):
             if ds is not None:
                 x = ds(x)
-            x = self._run_blocks(self.blocks[i], x)
+            x = self._run_blocks(self.blocks[i], x, i)
             if i in self.out_indices:
                 outs.append(self._output(i, x))
         return tuple(outs)

@@ -294,7 +294,7 @@ class STViT(StagedBackbone):
         arch: str | dict = "small",
         out_indices: Sequence[int] = (0, 1, 2, 3),
         drop_path_rate: float = 0.0,
-        with_cp: bool = False,
+        with_cp: bool | Sequence[bool] = False,
         frozen_stages: int = -1,
         norm_eval: bool = False,
         pretrained: str | os.PathLike | Mapping | None = None,
@@ -355,7 +355,7 @@ class STViT(StagedBackbone):
         x = self.patch_embed(ops.to_internal(x))  # channels_last with fast paths on (see _ops)
         outs = []
         for i, layer in enumerate(self.layers):
-            x = self._run_blocks(layer.blocks, x)
+            x = self._run_blocks(layer.blocks, x, i)
             if i in self.out_indices:
                 outs.append(self._output(i, x))
             if layer.downsample is not None:

@@ -150,6 +150,33 @@ def test_with_cp_same_outputs_and_grads():
 
 
 @pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+def test_with_cp_per_stage(cls, arch):
+    """``with_cp`` as 4 bools checkpoints the chosen stages only (their blocks run again in backward) and keeps
+    the outputs and gradients; anything else is rejected with the accepted forms."""
+    torch.manual_seed(0)
+    a, b = cls(arch).train(), cls(arch, with_cp=[False, False, True, True]).train()
+    b.load_state_dict(a.state_dict())
+    calls = [0] * 4
+    stages = b.layers if cls is STViT else b.blocks
+    for i, stage in enumerate(stages):
+        blocks = stage.blocks if cls is STViT else stage
+        blocks[0].register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    x = torch.randn(2, 3, 64, 64)
+    outs = [m(x) for m in (a, b)]
+    for o1, o2 in zip(*outs):
+        torch.testing.assert_close(o1, o2)
+    for o in outs:
+        sum(t.square().sum() for t in o).backward()
+    assert calls == [1, 1, 2, 2]  # stages 2 and 3 recomputed in backward
+    for (n, p1), p2 in zip(a.named_parameters(), b.parameters()):
+        if p1.grad is not None or p2.grad is not None:
+            torch.testing.assert_close(p1.grad, p2.grad, msg=n)
+    for bad in ([True, False], "yes", [1, 0, 0, 0]):
+        with pytest.raises(ValueError, match=r"with_cp must be True, False or a list of 4 bools"):
+            cls(arch, with_cp=bad)
+
+
+@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
 def test_load_official_release_layout(tmp_path, cls, arch):
     torch.manual_seed(1)
     src = cls(arch).eval()

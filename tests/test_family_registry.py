@@ -65,7 +65,7 @@ class ToyNet(StagedBackbone):
         check_input(x, "ToyNet")
         x, outs = self.stem(x), []
         for i in range(NUM_STAGES):
-            x = self._run_blocks(self.stages[i], x if i == 0 else self.downs[i - 1](x))
+            x = self._run_blocks(self.stages[i], x if i == 0 else self.downs[i - 1](x), i)
             if i in self.out_indices:
                 outs.append(self._output(i, x))
         return tuple(outs)

@@ -13,7 +13,7 @@ from tests._fast_vs_plain import outputs_and_grads
 from tests._tools import STVIT_T, assert_close, grad_fns
 
 
-def _plain_mlp(m: Mlp, x):
+def _plain_mlp(m: torch.nn.Module, x):
     with fast_paths(False):
         return m(x)
 
@@ -212,3 +212,76 @@ def test_mlp_with_another_activation(act):
     assert_close(y, y_ref, "out")
     for a, b in zip(grads, grads_ref):
         assert_close(a, b, "grad")
+
+
+@pytest.mark.parametrize("kernel,dw_bias", [(3, False), (5, True)])
+def test_inverted_residual_tail_gradcheck(kernel, dw_bias):
+    from backbones._kernels import _InvertedResidualTail
+
+    args = [torch.randn(1, 6, 4, 5), torch.randn(6, 1, kernel, kernel), torch.randn(6) if dw_bias else None]
+    args.append(torch.randn(3, 6, 1, 1))
+    conv_args = ((1, 1), (kernel // 2, kernel // 2), (1, 1), 6)
+    inputs = [a.double().requires_grad_() if a is not None else None for a in args]
+    assert torch.autograd.gradcheck(lambda *a: _InvertedResidualTail.apply(*a, conv_args), inputs)
+
+
+def _saved_bytes(fn, *args) -> int:
+    """Bytes of the tensors autograd saves for backward while ``fn(*args)`` runs (the activation memory)."""
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return total[0]
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_inverted_residual_recomputation_equals_plain_and_keeps_one_hidden_tensor(frozen):
+    """HAT-Net's inverted residual with its SiLUs and depthwise conv recomputed in backward, in row chunks:
+    the plain outputs and gradients, and one hidden-width tensor kept for backward where plain autograd keeps
+    four (h, SiLU(h), the depthwise conv's output, its SiLU)."""
+    from backbones.hatnet import InvertedResidual
+
+    torch.manual_seed(0)
+    m = InvertedResidual(8, 32, 3)
+    if frozen:
+        m.conv2.requires_grad_(False)
+    x = torch.randn(2, 8, 23, 10).contiguous(memory_format=torch.channels_last).requires_grad_()
+    hidden_bytes = 2 * 32 * 23 * 10 * 4
+    limits = dict(row_chunk_bytes=2 * 32 * 10 * 4 * 3)  # ~3 rows per chunk
+    params = [x] + [p for p in m.parameters() if p.requires_grad]
+    with fast_paths(True, mlp_recompute_numel=0, **limits):
+        y = m(x)
+    assert {"_InvertedResidualTailBackward", "_OverlappingRowsBackward"} <= grad_fns(y)
+    y_ref = _plain_mlp(m, x)
+    assert_close(y, y_ref, "out")
+    g = torch.randn_like(y)
+    for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(y_ref, params, g)):
+        assert_close(a, b, "grad")
+    # the whole map (no halo rows): h and the narrow tensors (x, the GroupNorms') against four hidden tensors
+    with fast_paths(True, mlp_recompute_numel=0):
+        recomputed = _saved_bytes(m, x)
+    with fast_paths(True, mlp_recompute_numel=2**62):
+        kept = _saved_bytes(m, x)
+    assert recomputed < 2 * hidden_bytes and kept - recomputed >= 3 * hidden_bytes
+
+
+@pytest.mark.parametrize("with_cp", [False, True])
+def test_hatnet_train_step_with_recomputation_equals_reference(with_cp):
+    """Whole HAT-Net, train mode, the recomputing inverted residual in every block, with and without
+    checkpointing: the plain outputs and gradients."""
+    from backbones import HATNet
+    from tests._tools import HATNET_T
+
+    torch.manual_seed(0)
+    model = HATNet(HATNET_T, with_cp=with_cp).train()
+    with fast_paths(True, mlp_recompute_numel=0):
+        outs, ref_outs, grads = outputs_and_grads(model, torch.randn(2, 3, 72, 100))
+    for i, (a, b) in enumerate(zip(outs, ref_outs)):
+        assert_close(a, b, f"stage {i}")
+    for n, g, ref_g in grads:
+        if g is not None or ref_g is not None:
+            assert_close(g, ref_g, n)
