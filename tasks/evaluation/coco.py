@@ -5,90 +5,23 @@ every validation step and ``compute()`` (on every rank: it syncs states across p
 ``reset()``. Ranks may hold different numbers of images.
 ``compute()`` returns plain floats under the names logged by the project (see docs/DESIGN.md) and
 ``per_class = {metric name: {class name: float | None}}`` (None: the class has no ground truth), plain Python
-values that JSON and ``torch.load(weights_only=True)`` accept.
+values that JSON and ``torch.load(weights_only=True)`` accept. The records' pieces are
+``tasks.evaluation.coco_records``'s (``encode_masks_transposed`` is importable here too), the COCOeval run and
+the AP selections ``tasks.evaluation.cocoeval``'s.
 """
 
-import contextlib
-import io
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch.distributed as dist
 from pycocotools import mask as mask_utils
-from torch import Tensor
 from torchmetrics import Metric
 
+from .coco_records import as_numpy, boxes_xywh, encode_masks_transposed, mask_areas
+from .cocoeval import AP_SELECTIONS, average_precision, coco_precision
 from .packed import pack, unpack
 
-
-def _numpy(x: Any) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)
-
-
-def _boxes_xywh(boxes: Any) -> np.ndarray:
-    """(N, 4) float64 COCO ``[x, y, w, h]`` of mmdet ``HorizontalBoxes`` or an (N, 4) xyxy tensor / array."""
-    xyxy = _numpy(boxes.tensor if hasattr(boxes, "tensor") else boxes).astype(np.float64).reshape(-1, 4)
-    return np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], axis=1)
-
-
-def encode_masks_transposed(masks: Any) -> tuple[list[bytes], list[int]]:
-    """COCO RLE ``counts`` of each mask's TRANSPOSE and their RLE size ``[W, H]``, in one pycocotools call and
-    without copying the pixels.
-
-    pycocotools encodes column-major (Fortran) arrays; an (N, H, W) C-ordered stack read as (W, H, N) is one,
-    so encoding it yields the RLEs of the transposed masks at no copy, where encoding the masks themselves
-    would first copy every pixel into Fortran order. Intersections, unions and areas do not change under
-    transposition, so these RLEs give COCOeval's mask IoUs and areas exactly, as long as ground truth and
-    predictions are both encoded this way. They are not for writing result files (their pixels are
-    transposed). Accepts a bool / 0-1 tensor or array (N, H, W), mmdet ``BitmapMasks`` or ``PolygonMasks``
-    (rasterised, as mmdet's ``to_ndarray`` does).
-    """
-    if hasattr(masks, "to_ndarray"):  # mmdet BitmapMasks (uint8 0/1) / PolygonMasks (rasterised here)
-        masks = masks.to_ndarray()
-    array = _numpy(masks)
-    if array.ndim != 3:
-        raise ValueError(f"masks must be (N, H, W), got shape {array.shape}")
-    size = [int(array.shape[2]), int(array.shape[1])]
-    if len(array) == 0:
-        return [], size
-    if array.dtype == np.bool_:
-        array = array.view(np.uint8)  # same bytes, 0 / 1
-    elif array.dtype != np.uint8 or array.max() > 1:
-        array = (array != 0).view(np.uint8)  # RLE runs toggle between 0 and 1 only
-    array = np.ascontiguousarray(array)
-    return [rle["counts"] for rle in mask_utils.encode(array.transpose(2, 1, 0))], size
-
-
-def _mask_areas(masks: Any) -> np.ndarray:
-    # BitmapMasks: pixel count; PolygonMasks: polygon (shoelace) area, like COCO's float `area` of polygons
-    areas = masks.areas if hasattr(masks, "areas") else _numpy(masks).reshape(len(masks), -1).sum(1)
-    return np.asarray(areas, dtype=np.float64).reshape(-1)
-
-
-# mmdet's CocoMetric evaluates with maxDets (100, 300, 1000) (its proposal_nums): mAP at 100 detections per
-# image, the other numbers and the classwise table at 1000 (the same unless a model keeps more than 100).
-_MAX_DETS = [100, 300, 1000]
-# (suffix, IoU threshold index (None: all ten), area range index (all, small, medium, large), maxDets index)
-_AP_SELECTIONS = [
-    ("", None, 0, 0),
-    ("_50", 0, 0, 2),
-    ("_75", 5, 0, 2),
-    ("_s", None, 1, 2),
-    ("_m", None, 2, 2),
-    ("_l", None, 3, 2),
-]
-
-
-def _average_precision(precision: np.ndarray, iou: Optional[int], area: int, max_dets: int) -> np.ndarray:
-    """(K + 1,) APs of COCOeval's ``eval['precision']`` [T, R, K, A, M]: per category as mmdet's ``classwise``
-    table computes them, then over all categories as ``COCOeval.summarize`` does (the mean of the entries
-    that are not -1); NaN where there is no ground truth in that area range."""
-    p = precision[:, :, :, area, max_dets] if iou is None else precision[iou : iou + 1, :, :, area, max_dets]
-    p = p.transpose(2, 0, 1).reshape(p.shape[2], -1)  # (K, T * R)
-    valid = p > -1
-    sums, counts = np.where(valid, p, 0).sum(1), valid.sum(1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.append(sums / counts, sums.sum() / counts.sum())
+__all__ = ["DetectionEvaluator", "encode_masks_transposed"]
 
 
 class DetectionEvaluator(Metric):
@@ -158,20 +91,20 @@ class DetectionEvaluator(Metric):
     def _record(self, sample: Any) -> dict:
         pred = sample.pred_instances
         record = dict(
-            dt_boxes=_boxes_xywh(pred.bboxes),
-            dt_scores=_numpy(pred.scores).astype(np.float64).reshape(-1),
-            dt_labels=_numpy(pred.labels).astype(np.int64).reshape(-1),
+            dt_boxes=boxes_xywh(pred.bboxes),
+            dt_scores=as_numpy(pred.scores).astype(np.float64).reshape(-1),
+            dt_labels=as_numpy(pred.labels).astype(np.int64).reshape(-1),
         )
         parts = [sample.gt_instances]
         ignored = sample.get("ignored_instances")
         if ignored is not None and "labels" in ignored:
             parts.append(ignored)
-        labels = [_numpy(p.labels).astype(np.int64).reshape(-1) for p in parts]
-        record["gt_boxes"] = np.concatenate([_boxes_xywh(p.bboxes) for p in parts])
+        labels = [as_numpy(p.labels).astype(np.int64).reshape(-1) for p in parts]
+        record["gt_boxes"] = np.concatenate([boxes_xywh(p.bboxes) for p in parts])
         record["gt_labels"] = np.concatenate(labels)
         record["gt_crowd"] = np.concatenate([np.full(len(x), i) for i, x in enumerate(labels)])  # 1: ignored
         if all("masks" in p for p in parts):
-            record["gt_areas"] = np.concatenate([_mask_areas(p.masks) for p in parts])
+            record["gt_areas"] = np.concatenate([mask_areas(p.masks) for p in parts])
         else:
             record["gt_areas"] = record["gt_boxes"][:, 2] * record["gt_boxes"][:, 3]
         if self.with_masks:
@@ -229,10 +162,10 @@ class DetectionEvaluator(Metric):
         out: dict[str, Any] = {}
         per_class: dict[str, dict[str, Optional[float]]] = {}
         for iou_type in ("bbox", "segm") if self.with_masks else ("bbox",):
-            precision = _coco_precision(images, cat_ids, iou_type)
-            for suffix, iou, area, max_dets in _AP_SELECTIONS:
+            precision = coco_precision(images, cat_ids, iou_type)
+            for suffix, iou, area, max_dets in AP_SELECTIONS:
                 ap = (
-                    _average_precision(precision, iou, area, max_dets)
+                    average_precision(precision, iou, area, max_dets)
                     if precision is not None
                     else np.full(len(names) + 1, np.nan)
                 )
@@ -271,54 +204,3 @@ class DetectionEvaluator(Metric):
             images += [(i, b + len(blocks), *rest) for i, b, *rest in rank_images]
             blocks += rank_blocks
         self.images, self.blocks = images, blocks
-
-
-def _coco_precision(images: list[dict], cat_ids: list[int], iou_type: str) -> Optional[np.ndarray]:
-    """COCOeval_faster's ``eval['precision']`` [T, R, K, A, M] on the records (None when there is nothing to
-    evaluate). Images are numbered in their (sorted) order, which COCOeval keeps."""
-    from faster_coco_eval import COCO, COCOeval_faster
-
-    if not images or not cat_ids:
-        return None
-    gt_anns, dt_anns = [], []
-    segm = iou_type == "segm"
-    for img, r in enumerate(images, start=1):
-        for k in range(len(r["gt_labels"])):
-            ann = dict(
-                id=len(gt_anns) + 1,
-                image_id=img,
-                category_id=int(r["gt_labels"][k]),
-                bbox=r["gt_boxes"][k].tolist(),
-                area=float(r["gt_areas"][k]),
-                iscrowd=int(r["gt_crowd"][k]),
-            )
-            if segm:
-                ann["segmentation"] = dict(size=r["size"], counts=r["gt_masks"][k])
-            gt_anns.append(ann)
-        for k in range(len(r["dt_labels"])):
-            ann = dict(
-                id=len(dt_anns) + 1,
-                image_id=img,
-                category_id=int(r["dt_labels"][k]),
-                score=float(r["dt_scores"][k]),
-                iscrowd=0,
-                bbox=r["dt_boxes"][k].tolist(),
-            )
-            if segm:  # mask results: areas from the masks (mmdet drops their boxes; segm COCOeval ignores them)
-                ann["segmentation"] = dict(size=r["size"], counts=r["dt_masks"][k])
-                ann["area"] = float(r["dt_mask_areas"][k])
-            else:
-                ann["area"] = float(r["dt_boxes"][k, 2] * r["dt_boxes"][k, 3])
-            dt_anns.append(ann)
-    # RLE size [rows, cols] of the (transposed) masks
-    image_list = [dict(id=i, height=r["size"][0], width=r["size"][1]) for i, r in enumerate(images, start=1)]
-    categories = [dict(id=c, name=str(c)) for c in cat_ids]
-    coco_gt = COCO(dict(images=image_list, annotations=gt_anns, categories=categories))
-    coco_dt = COCO(dict(images=image_list, annotations=dt_anns, categories=categories))
-    coco_eval = COCOeval_faster(coco_gt, coco_dt, iou_type)
-    coco_eval.params.catIds = cat_ids
-    coco_eval.params.maxDets = list(_MAX_DETS)
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco_eval.evaluate()
-        coco_eval.accumulate()
-    return coco_eval.eval["precision"]
