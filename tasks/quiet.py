@@ -62,6 +62,23 @@ class _DropLightningTips(logging.Filter):
 _TIPS = _DropLightningTips()
 
 
+class _DropFrozenParameterNotes(logging.Filter):
+    """mmengine's optimizer constructor notes every parameter it leaves out because it is frozen (HAT-Net's
+    non-affine attention norms, ``frozen_stages``): a WARNING per tensor for what the model asked for."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).endswith("is skipped since its requires_grad=False")
+
+
+_FROZEN = _DropFrozenParameterNotes()
+
+
+def quiet_mm_console(handler: logging.Handler) -> None:
+    """Keep the frozen-parameter notes off the console handler of an ``MMLogger`` (the work dir's mm.log still
+    has them); mmengine's loggers live outside ``logging``'s tree, so the tools call this when they make one."""
+    handler.addFilter(_FROZEN)
+
+
 def install() -> None:
     """Add the filters above (idempotent: ``warnings.filterwarnings`` and ``addFilter`` skip duplicates)."""
     for message, category, module, _why in WARNING_FILTERS:

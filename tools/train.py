@@ -38,6 +38,7 @@ from mmengine.logging import MMLogger
 from backbones.atomic import write_text
 from tasks import build_task
 from tasks.config import add_cfg_options, config_text, default_work_dir, load_config
+from tasks.quiet import quiet_mm_console
 from tasks.training.checkpoint_io import apply_load_from, write_json
 from tasks.training.optim import enable_auto_scale_lr
 from tasks.training.restart import resume_checkpoint
@@ -83,6 +84,7 @@ def setup_mm_logger(work_dir: str) -> None:
     for handler in logger.handlers:
         if type(handler) is logging.StreamHandler:
             handler.setLevel(logging.WARNING)
+            quiet_mm_console(handler)
 
 
 @releasing_process_group()

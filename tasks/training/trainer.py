@@ -243,6 +243,7 @@ def build_trainer(
                 )
         if kwargs.get("enable_model_summary", True) and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(ParamsSummary())
+            kwargs["enable_model_summary"] = False  # Lightning adds none of its own then (and says nothing of it)
         if kwargs.get("logger", True) is True:
             kwargs["logger"] = build_loggers(cfg, work_dir)
             callbacks += [RunReport(cfg, trainer_kwargs(cfg)), StepTime()]
