@@ -96,12 +96,15 @@ def format_per_class_table(per_class: dict) -> str:
             f"{family or 'class':<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cols, widths)),
             f"{'-' * width}  " + "  ".join("-" * w for w in widths),
         ]
-        for c in classes:
+        absent = [c for c in classes if all(per_class[n].get(c) is None for n in names)]
+        for c in (c for c in classes if c not in absent):
             cells = [
                 "-".rjust(w) if per_class[n].get(c) is None else f"{per_class[n][c]:{w}.4f}"
                 for n, w in zip(names, widths)
             ]
             lines.append(f"{c:<{width}}  " + "  ".join(cells))
+        if absent:  # e.g. ADE20K's 150 classes on a subset: their rows would be all '-' (the JSON keeps them)
+            lines.append(f"({len(absent)} classes without ground truth not shown)")
         tables.append("\n".join(lines))
     return "\n\n".join(tables)
 
