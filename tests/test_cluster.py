@@ -256,3 +256,20 @@ def test_resume_values_and_requeue_signal_names(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4200")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "7")
     assert slurm_job_id() == "4200_7"
+
+
+def test_main_again_in_one_process_on_the_same_work_dir_reuses_its_mm_logger(tmp_path):
+    """tools/train.py's main run again in a process that lives on (the resumes above, a notebook) finds the mm
+    logger of its work dir created: it takes it as it is, without mmengine's warning about arguments for an existing
+    instance, and keeps writing mm.log."""
+    from mmengine.logging import MMLogger
+
+    from tests._tools import load_tool, warnings_as_errors
+
+    train = load_tool("train")
+    with warnings_as_errors():
+        train.setup_mm_logger(str(tmp_path))
+        train.setup_mm_logger(str(tmp_path))
+    logger = MMLogger.get_instance(str(tmp_path))
+    logger.info("still logging")
+    assert "still logging" in (tmp_path / "mm.log").read_text()

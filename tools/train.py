@@ -76,11 +76,16 @@ def setup_mm_logger(work_dir: str) -> None:
     """mm's INFO reports (per-parameter init and paramwise options) go to WORK_DIR/mm.log, only
     warnings to the console, which belongs to Lightning's progress bar. Ranks > 0 (known from the
     launcher's env before Lightning starts) write no file."""
-    if rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
+    name = osp.abspath(work_dir)
+    if MMLogger.check_instance_created(name):
+        # main() again in this process on the same work dir (a notebook resuming the run): its logger, as it is
+        # (arguments for an existing instance are ignored, with a warning)
+        logger = MMLogger.get_instance(name)
+    elif rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
         os.makedirs(work_dir, exist_ok=True)
-        logger = MMLogger.get_instance(osp.abspath(work_dir), log_file=osp.join(work_dir, "mm.log"), log_level="INFO")
+        logger = MMLogger.get_instance(name, log_file=osp.join(work_dir, "mm.log"), log_level="INFO")
     else:
-        logger = MMLogger.get_instance(osp.abspath(work_dir), log_level="WARNING")
+        logger = MMLogger.get_instance(name, log_level="WARNING")
     for handler in logger.handlers:
         if type(handler) is logging.StreamHandler:
             handler.setLevel(logging.WARNING)
