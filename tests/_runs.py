@@ -154,13 +154,47 @@ def kill_and_resume(args, work, pause, pause_at):
     return saved, load_ckpt(os.path.join(work, "last.ckpt"))
 
 
-def run_here(tool: str, argv: list) -> dict:
-    """``tools/<tool>.py``'s ``main(argv)`` in this process with one thread, as each child of ``env()`` runs: the
-    same float sums, so its checkpoints and metrics equal a child's bit for bit, without a child's seconds of
-    imports."""
-    threads = torch.get_num_threads()
+def run_here(tool: str, argv: list, environ: dict | None = None, **kwargs) -> dict:
+    """``tools/<tool>.py``'s ``main(argv, **kwargs)`` in this process with one thread, as each child of ``env()``
+    runs: the same float sums, so its checkpoints and metrics equal a child's bit for bit, without a child's seconds
+    of imports. ``environ``: variables set for the run (e.g. a SLURM task's), os.environ restored after it."""
+    threads, saved = torch.get_num_threads(), dict(os.environ)
     torch.set_num_threads(1)
+    os.environ.update(environ or {})
     try:
-        return load_tool(tool).main(argv)
+        return load_tool(tool).main(argv, **kwargs)
     finally:
         torch.set_num_threads(threads)
+        if os.environ != saved:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def run_job_here(args, envs, record=None, expect=0) -> tuple:
+    """A tools/train.py job (``args``) of ``len(envs)`` processes, each rank with its launcher's variables
+    ``envs[rank]``: rank 0 in this process (``run_here``), the others children (``start``), all meeting at one
+    rendezvous port; with ``record`` (a folder), every rank writes its record there (tests/_train_driver.py
+    RecordRanks). ``expect``: the exit status of every rank (rank 0's: the code of the SystemExit that ``main``
+    raises, as a process would exit with it). Returns rank 0's validation metrics (or, when ``expect`` is not 0,
+    that SystemExit) and the children's output. A failure in this process kills the children (they would wait for
+    rank 0 until the process-group timeout)."""
+    from tests._train_driver import RecordRanks  # (imports Lightning: not when this module is collected)
+
+    group, extra = env(), {"RECORD_DIR": str(record)} if record else {}
+    procs = [start(args, (), group, **e, **extra) for e in envs[1:]]
+    here = {"MASTER_ADDR": group["MASTER_ADDR"], "MASTER_PORT": group["MASTER_PORT"], **envs[0]}
+    try:
+        try:
+            result = run_here("train", args, here, callbacks=[RecordRanks(str(record))] if record else [])
+        except SystemExit as e:
+            if not expect or e.code != expect:
+                raise
+            result = e
+        else:
+            assert not expect, f"rank 0 ended normally, expected exit status {expect}"
+    except BaseException:
+        for p in procs:
+            p.kill()
+            p.wait()
+        raise
+    return result, finish(procs, expect=expect)

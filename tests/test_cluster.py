@@ -4,13 +4,16 @@
 Every run trains the same tiny segmentation config for 5 optimizer steps (8 images, batch 2) with
 ``--auto-scale-lr``, and is compared bit for bit with an uninterrupted run: one process, or two gloo processes
 (the 1-node reference of the SLURM, torchrun and two-node runs). Signals and kills happen at a known step:
-tests/_train_driver.py pauses every rank at the end of step 3 until the test has acted.
+tests/_train_driver.py pauses every rank at the end of a given step until the test has acted. The processes that
+get a signal or a kill are children; a run that only has to continue (the same command again) and the references
+run their rank 0 in the test process (``run_here``, ``run_job_here``: no child's seconds of imports).
 """
 
 import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,12 +22,10 @@ from tests._runs import (
     TIMEOUT,
     assert_same_training_state,
     ddp_opts,
-    env,
     finish,
     free_port,
-    kill_and_resume,
     load_ckpt,
-    run_here,
+    run_job_here,
     seg_opts,
     start,
     wait_for,
@@ -34,6 +35,7 @@ from tests._tools import SEG_CFG
 pytestmark = pytest.mark.slow  # training processes: scheduled first (conftest.py)
 
 STEPS, PAUSE = 5, 3  # 1 process: 4 batches an epoch, 2 processes: 2; step 3 is mid-epoch for both
+EPOCH_END = 4  # the last step of epoch 0 for 1 process
 EXIT_PREEMPTED = 75
 
 
@@ -44,7 +46,6 @@ def train_args(data_opts, work_dir, *extra):
         f"trainer.max_steps={STEPS}",
         f"trainer.val_check_interval={STEPS}",
         "trainer.deterministic=True",
-        "checkpoint_every_n_steps=2",
         "auto_scale_lr.base_batch_size=8",
         *extra,
     )
@@ -77,16 +78,16 @@ def slurm_env(tmp_path, rank=0, ntasks=1, nodes=1, **extra):
 
 @pytest.fixture(scope="session")
 def reference(data_opts, run_once):
-    """Uninterrupted runs: ``{1: one process's last.ckpt, 2: two gloo processes' (Lightning's launcher)}``, the
-    latter with each rank's record (tests/_train_driver.py RECORD_DIR). Trained once per session; the one-process
-    run in the test process (``run_here``: one thread, as the children)."""
+    """Uninterrupted runs: ``{1: one process, 2: two gloo processes (SLURM tasks)}``, each as (its last.ckpt, its
+    work dir), with each rank's record in ``WORK_DIR/record`` (tests/_train_driver.py RecordRanks). Trained once per
+    session, rank 0 in the test process (``run_here``: one thread, as the children)."""
 
     def make(folder):
-        run_here("train", train_args(data_opts, folder / "ref1"))  # one process: this one (no child's imports)
-        work = folder / "ref2"
-        (work / "record").mkdir(parents=True)
-        log = finish([start(train_args(data_opts, work, *ddp_opts(2)), RECORD_DIR=str(work / "record"))])[0]
-        assert "--resume auto: no checkpoint" in log and "starting fresh" in log, log[-3000:]
+        for devices in (1, 2):
+            work = folder / f"ref{devices}"
+            (work / "record").mkdir(parents=True)
+            envs = [slurm_env(work, rank=r, ntasks=devices) for r in range(devices)]
+            run_job_here(train_args(data_opts, work, *ddp_opts(devices)), envs, work / "record")
         return str(folder)
 
     folder = Path(run_once("cluster_reference", make))
@@ -99,75 +100,95 @@ def records(folder, world):
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_exactly(
-    devices, data_opts, reference, tmp_path
-):
-    """SIGUSR1 mid-epoch (to rank 1 only when there are two: the ranks agree at the step boundary); every rank
-    stops after step 3 with one checkpoint, rank 0 requeues the job (an array task with one process), the
-    processes exit with status 75; the same command again finishes with the uninterrupted run's weights."""
-    work, pause = tmp_path / "work", tmp_path / "pause"
-    pause.mkdir()
-    args = train_args(data_opts, work, *ddp_opts(devices))
-    array = dict(SLURM_ARRAY_JOB_ID="4200", SLURM_ARRAY_TASK_ID="7") if devices == 1 else {}
-    envs = [slurm_env(tmp_path, rank=r, ntasks=devices, **array) for r in range(devices)]
-    group = env()
-    procs = [start(args, (), group, PAUSE_AT_STEP=str(PAUSE), PAUSE_DIR=str(pause), **e) for e in envs]
-    target = devices - 1
-    pid = int(wait_for(pause / f"paused_rank{target}", procs))
-    os.kill(pid, signal.SIGUSR1)
-    assert int(wait_for(pause / f"signalled_rank{target}", procs)) == signal.SIGUSR1
-    (pause / "go").touch()
-    logs = finish(procs, expect=EXIT_PREEMPTED)
-    assert "--resume auto: no checkpoint" in logs[0] and "starting fresh" in logs[0]
-    assert f"stopped at step {PAUSE}" in logs[0], logs[0][-4000:]
-    ckpt = load_ckpt(work / "last.ckpt")
-    assert ckpt["global_step"] == PAUSE  # the next step boundary after the signal, mid-epoch
-    assert (tmp_path / "scontrol.calls").read_text() == ("requeue 4200_7\n" if devices == 1 else "requeue 4242\n")
-    assert [p for p in os.listdir(work) if p.endswith(".tmp") or p.startswith("hpc_ckpt")] == []
-
-    group = env()
-    logs = finish([start(args, (), group, PAUSE_AT_STEP=str(PAUSE), PAUSE_DIR=str(pause), **e) for e in envs])
-    assert f"--resume auto: resuming from {work / 'last.ckpt'}" in logs[0], logs[0][-4000:]
+def resume_here(args, work, envs, reference, done):
+    """The same command again (``args``, work dir ``work``) after a preemption at step ``done``, rank 0 in this
+    process (the others children, ``run_job_here``): every rank trains only the uninterrupted run's batches after
+    step ``done`` and the run ends with its weights. Returns the final last.ckpt."""
+    record = work.parent / "record_resumed"
+    record.mkdir()
+    run_job_here(args, envs, record)
+    resumed, uninterrupted = records(record, len(envs)), records(reference[1] / "record", len(envs))
+    assert [r["batches"] for r in resumed] == [r["batches"][done:] for r in uninterrupted]
     final = load_ckpt(work / "last.ckpt")
     assert final["global_step"] == STEPS
-    assert_same_training_state(reference[devices][0], final)
+    assert_same_training_state(reference[0], final)
+    return final
+
+
+def test_sigusr1_under_slurm_checkpoints_requeues_and_the_same_command_resumes_exactly(data_opts, reference, tmp_path):
+    """A SLURM array task of two gloo processes gets SIGUSR1 mid-epoch, on rank 1 only: the ranks agree at the step
+    boundary, every rank stops after step 3 with one checkpoint, rank 0 requeues the array task, the processes
+    exit with status 75; the same command again finishes with the uninterrupted run's weights and requeues
+    nothing. Rank 0 runs in this process (its exit status: the code of the SystemExit that ends it), rank 1 is a
+    child, signalled by a thread of the test while it waits at the end of step 3."""
+    work, pause = tmp_path / "work", tmp_path / "pause"
+    pause.mkdir()
+    args = train_args(data_opts, work, *ddp_opts(2))
+    array = dict(SLURM_ARRAY_JOB_ID="4200", SLURM_ARRAY_TASK_ID="7")
+    envs = [slurm_env(tmp_path, rank=r, ntasks=2, **array) for r in range(2)]
+    envs[1].update(PAUSE_AT_STEP=str(PAUSE), PAUSE_DIR=str(pause))
+    received = []
+
+    def signal_rank1():  # rank 0 (this process's main thread) waits in the step-3 all-reduce meanwhile
+        try:
+            os.kill(int(wait_for(pause / "paused_rank1")), signal.SIGUSR1)
+            received.append(int(wait_for(pause / "signalled_rank1")))
+        finally:
+            (pause / "go").touch()
+
+    thread = threading.Thread(target=signal_rank1, daemon=True)
+    thread.start()
+    stop, _ = run_job_here(args, envs, expect=EXIT_PREEMPTED)
+    thread.join()
+    assert received == [signal.SIGUSR1]
+    # rank 0 was not signalled: it stopped on rank 1's signal, at the next step boundary (mid-epoch)
+    ckpt_path = work / "last.ckpt"
+    assert (
+        str(stop)
+        == f"preempted (a signal on another rank) at step {PAUSE} (epoch 1): checkpoint {ckpt_path}; job requeued"
+    )
+    assert load_ckpt(ckpt_path)["global_step"] == PAUSE
+    assert (tmp_path / "scontrol.calls").read_text() == "requeue 4200_7\n"
+    assert [p for p in os.listdir(work) if p.endswith(".tmp") or p.startswith("hpc_ckpt")] == []
+
+    resume_here(args, work, envs, reference[2], PAUSE)
     assert (tmp_path / "scontrol.calls").read_text().count("requeue") == 1  # the second run was not requeued
 
 
-def test_resume_from_the_last_step_of_an_epoch_is_bit_identical(data_opts, reference, tmp_path):
-    """One process, 4 batches an epoch, last.ckpt every 4 steps: killed during step 5 with the checkpoint of step 4,
-    the last of epoch 0; the resumed run starts epoch 1 with the uninterrupted run's batch and random state (the
-    restored, finished epoch's iterator must not draw from torch's global RNG) and ends with its weights."""
-    work = tmp_path / "work"
-    saved, final = kill_and_resume(train_args(data_opts, work, "checkpoint_every_n_steps=4"), work, tmp_path / "p", 5)
-    assert final["global_step"] == STEPS
-    assert saved["global_step"] == 4 and saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 4
-    assert_same_training_state(reference[1][0], final)
-
-
-def test_sigterm_without_scontrol_still_checkpoints_and_says_resubmit(data_opts, tmp_path):
-    """SIGTERM in a SLURM job whose container has no ``scontrol``: the checkpoint is written all the same and the
-    log says the job must be resubmitted."""
+def test_sigterm_without_scontrol_at_the_end_of_an_epoch_checkpoints_and_resumes_exactly(
+    data_opts, reference, tmp_path
+):
+    """SIGTERM in a one-process SLURM job whose container has no ``scontrol``, at the end of step 4, the last of
+    epoch 0 (4 batches an epoch): the checkpoint of that step is written all the same, the log says the job must be
+    resubmitted; the same command resumes at the start of epoch 1 with the uninterrupted run's batch and random
+    state (the restored, finished epoch's iterator must not draw from torch's global RNG) and ends with its
+    weights."""
     work, pause = tmp_path / "work", tmp_path / "pause"
     pause.mkdir()
     no_scontrol = slurm_env(tmp_path)
     no_scontrol["PATH"] = os.path.dirname(sys.executable)  # python, no scontrol
-    proc = start(train_args(data_opts, work), PAUSE_AT_STEP="1", PAUSE_DIR=str(pause), **no_scontrol)
+    args = train_args(data_opts, work)
+    proc = start(args, PAUSE_AT_STEP=str(EPOCH_END), PAUSE_DIR=str(pause), **no_scontrol)
     os.kill(int(wait_for(pause / "paused_rank0", [proc])), signal.SIGTERM)
     wait_for(pause / "signalled_rank0", [proc])
     (pause / "go").touch()
     (log,) = finish([proc], expect=EXIT_PREEMPTED)
-    assert "SIGTERM received; stopped at step 1" in log, log[-4000:]
+    assert "--resume auto: no checkpoint" in log and "starting fresh" in log, log[-4000:]
+    assert f"SIGTERM received; stopped at step {EPOCH_END} (epoch 0)" in log, log[-4000:]
     assert "`scontrol` not found, SLURM job 4242 was not requeued: resubmit it" in log, log[-4000:]
-    assert load_ckpt(work / "last.ckpt")["global_step"] == 1
+    saved = load_ckpt(work / "last.ckpt")
+    assert saved["global_step"] == EPOCH_END
+    assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == EPOCH_END  # all of epoch 0
+
+    resume_here(args, work, [no_scontrol], reference[1], EPOCH_END)
+    assert [p for p in os.listdir(work) if p.endswith(".tmp")] == []
 
 
 def test_torchrun_restarts_a_killed_worker_and_training_continues_exactly(data_opts, reference, tmp_path):
     """torchrun --max-restarts=1, 2 gloo workers, --resume auto: worker 1 SIGKILLed after step 4 (last.ckpt is from
     step 3, mid-epoch); torchrun restarts the group, which resumes from step 3 and ends with the uninterrupted
     weights. (This is also the test of a 2-process run killed mid-epoch and resumed: a whole job killed and run
-    again resumes the same way: tests/test_reliability.py and the one-process test above.)"""
+    again resumes the same way: tests/test_reliability.py.)"""
     work, pause = tmp_path / "work", tmp_path / "pause"
     pause.mkdir()
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
@@ -243,8 +264,12 @@ def test_resume_values_and_requeue_signal_names(tmp_path, monkeypatch, caplog):
     with pytest.raises(FileNotFoundError, match=r"last\.ckpt does not exist \(--resume auto starts fresh"):
         resume_checkpoint("last", str(tmp_path))
     (tmp_path / "last.ckpt").write_bytes(b"")
-    assert resume_checkpoint("auto", str(tmp_path)) == resume_checkpoint("last", str(tmp_path))
-    assert resume_checkpoint("auto", str(tmp_path)) == str(tmp_path / "last.ckpt")
+    assert resume_checkpoint("last", str(tmp_path)) == str(tmp_path / "last.ckpt")
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert resume_checkpoint("auto", str(tmp_path)) == str(tmp_path / "last.ckpt")
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count(f"--resume auto: resuming from {tmp_path}/last.ckpt") == 1, said
 
     assert signal_number("USR2") == signal_number("SIGUSR2") == signal_number(int(signal.SIGUSR2)) == signal.SIGUSR2
     for bad in ("SIGKILL", "USR3"):
