@@ -157,7 +157,8 @@ def kill_and_resume(args, work, pause, pause_at):
 def run_here(tool: str, argv: list, environ: dict | None = None, **kwargs) -> dict:
     """``tools/<tool>.py``'s ``main(argv, **kwargs)`` in this process with one thread, as each child of ``env()``
     runs: the same float sums, so its checkpoints and metrics equal a child's bit for bit, without a child's seconds
-    of imports. ``environ``: variables set for the run (e.g. a SLURM task's), os.environ restored after it."""
+    of imports. ``environ``: variables set for the run (e.g. a SLURM task's); given, os.environ is restored after
+    the run (what the run set too: Lightning's MASTER_PORT, ...)."""
     threads, saved = torch.get_num_threads(), dict(os.environ)
     torch.set_num_threads(1)
     os.environ.update(environ or {})
@@ -165,7 +166,7 @@ def run_here(tool: str, argv: list, environ: dict | None = None, **kwargs) -> di
         return load_tool(tool).main(argv, **kwargs)
     finally:
         torch.set_num_threads(threads)
-        if os.environ != saved:
+        if environ is not None and os.environ != saved:
             os.environ.clear()
             os.environ.update(saved)
 
