@@ -41,7 +41,7 @@ def test_generated_samples_match_the_ann_file():
 
 @pytest.mark.slow
 def test_tool_runs_both_evaluators_and_they_agree():
-    result = bench.main(["--images", "10", "--dets", "20", "--repeats", "1", "--batch", "4"])
+    result = bench.main(["--images", "6", "--dets", "10", "--repeats", "1", "--batch", "3"])
     for name in coco_eval.EVALUATORS:
         (run,) = result["runs"][name]
         assert run["update_s"] > 0 and run["compute_s"] > 0

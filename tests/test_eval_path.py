@@ -17,10 +17,11 @@ MIB = 1 / 1024  # GiB
 
 @pytest.mark.slow
 def test_segmentation_evaluator_memory_at_ade20k_size():
-    # 60 maps of 512x683, 150 classes. Updating with whole maps grew the process by more than 1 MiB per image
-    # (docs/evaluation.md); the state is one 150x150 confusion matrix (176 KiB).
-    (ours,) = eval_seg.measure(images=60, rounds=1, batch=4, impls=("ours",))
-    assert ours["loop_growth"] < 40 * MIB, ours
+    # 40 maps of 512x683, 150 classes; the state is one 150x150 confusion matrix (176 KiB): ours grew by 4 MiB.
+    # Updating with whole maps grew the process by 1.4 MiB per image (docs/evaluation.md), ~56 MiB here, as
+    # mmseg's IoUMetric (whole maps too) grows by 72 MiB on these images (perf.eval_seg's "mm").
+    (ours,) = eval_seg.measure(images=40, rounds=1, batch=4, impls=("ours",))
+    assert ours["loop_growth"] < 24 * MIB, ours
 
 
 def test_segmentation_evaluator_pieces_equal_whole_maps():

@@ -1,18 +1,17 @@
 """``val_evaluator`` / ``test_evaluator`` honoured (tasks/evaluation/select.py, mm_metric.py): tools/test.py on the
 session's demo runs with the metrics a config asks for. Our evaluators where they compute exactly that (the
 default, numbers unchanged), mm's own metric classes otherwise, whose numbers must equal the same class fed by
-this test with the same predictions; an unknown metric type and a monitor that no metric produces are refused."""
+this test with the same predictions (their gather under DDP: tests/test_distributed.py); an unknown metric type
+and a monitor that no metric produces are refused."""
 
 import json
-import sys
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
 
-from tests._runs import TIMEOUT, env, run_here
-from tests._tools import DET_CFG, REPO, flat_metrics, load_cfg, load_tool
+from tests._tools import DET_CFG, flat_metrics, load_cfg, load_tool
 
 pytestmark = pytest.mark.slow  # several tools/test.py runs of the demo models
 
@@ -144,30 +143,3 @@ def test_monitor_that_no_metric_produces_fails_before_training(det_run, tmp_path
     run = det_run._replace(ckpt=str(work / "last.ckpt"))
     tested, _, _ = _test_tool(run, tmp_path / "test", "test_evaluator.classwise=True")
     assert tested == pytest.approx(metrics, abs=0, nan_ok=True)
-
-
-def test_mm_metric_under_ddp_counts_each_image_once(seg_run, tmp_path):
-    """2 gloo processes (3 images: 2 + 1): mm's IoUMetric gathers through mmengine.dist; every image once, so the
-    metrics equal one process's."""
-    import subprocess
-
-    opts = [*seg_run.opts, "test_evaluator.iou_metrics=[mIoU,mDice]"]
-    out = {}
-    for devices in (1, 2):
-        path = tmp_path / f"d{devices}.json"
-        argv = [seg_run.config, seg_run.ckpt, "--work-dir", str(tmp_path), "--out", str(path), "--cfg-options", *opts]
-        argv.append(f"trainer.devices={devices}")
-        if devices == 1:  # in this process, one thread as each DDP process
-            run_here("test", argv)
-        else:
-            proc = subprocess.run(
-                [sys.executable, "tools/test.py", *argv, "trainer.strategy=ddp"],
-                cwd=REPO,
-                env=env(),
-                capture_output=True,
-                text=True,
-                timeout=2 * TIMEOUT,
-            )
-            assert proc.returncode == 0, proc.stderr[-4000:]
-        out[devices] = json.loads(path.read_text())
-    assert set(out[1]) >= {"mIoU", "mDice", "aAcc"} and out[2] == out[1]
