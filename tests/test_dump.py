@@ -6,8 +6,6 @@ import json
 import os
 import pickle
 import runpy
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -21,10 +19,9 @@ from torchvision.ops import box_iou
 
 from tasks.evaluation.analysis import script_path
 from tasks.evaluation.dump import write_pickled_list
-from tests._runs import TIMEOUT, env
-from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
+from tests._tools import DET_CFG, SEG_CFG, load_tool
 
-pytestmark = pytest.mark.slow  # test and analysis processes: scheduled first (conftest.py)
+pytestmark = pytest.mark.slow  # test runs and analysis scripts: long, scheduled first (conftest.py)
 
 
 class Collect(L.Callback):
@@ -37,14 +34,10 @@ class Collect(L.Callback):
         self.samples += [s.cpu() for s in outputs]
 
 
-def analyze(*args, timeout=TIMEOUT):
-    """tools/analyze.py in a child process, as a user runs it."""
-    cmd = [sys.executable, "tools/analyze.py", *map(str, args)]
-    proc = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env(PYTHONPATH=REPO, MPLBACKEND="Agg")
-    )
-    assert proc.returncode == 0, f"{cmd}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
-    return proc
+def analyze(*args):
+    """tools/analyze.py's ``main`` in this process: it runs the library's script in the calling process anyway
+    (runpy, tasks/evaluation/analysis.py), so a child process would only add its imports."""
+    load_tool("analyze").main([str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
