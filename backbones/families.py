@@ -87,6 +87,15 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {}
+_LISTENERS: list[Callable[[Family], None]] = []
+
+
+def on_register(listener: Callable[[Family], None]) -> None:
+    """Call ``listener(family)`` for every registered family, now and whenever one is registered later (how
+    ``backbones.mm`` gives each family its mm registry adapter without a line per family)."""
+    _LISTENERS.append(listener)
+    for family in list(FAMILIES.values()):
+        listener(family)
 
 
 def register(family: Family) -> Family:
@@ -98,6 +107,8 @@ def register(family: Family) -> Family:
     if family.name in FAMILIES and FAMILIES[family.name] is not family:
         raise ValueError(f"a backbone family named {family.name!r} is registered already; pick another name")
     FAMILIES[family.name] = family
+    for listener in _LISTENERS:
+        listener(family)
     return family
 
 

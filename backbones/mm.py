@@ -1,17 +1,19 @@
 """mmdet / mmseg registry adapters: ``type='STViT'`` and ``type='HATNet'`` in model configs.
 
-The classes are registered in mmengine's root MODELS registry, which mmdet's and mmseg's registries
-search as their parent, so both libraries build them without this module importing either. The
-adapters add only mm's ``init_cfg`` convention; ``Pretrained`` goes through ``load_pretrained`` (safe
-loading, official key filter, strict key and shape checks) instead of mmengine's ``load_checkpoint``. Its
-``checkpoint`` may be an http(s) URL, downloaded once and verified against ``sha256=`` (a key of the init_cfg),
-the URL's ``#sha256=`` fragment or torch.hub's ``name-<hash prefix>.pth`` file name.
+Every registered family (``backbones.families``) gets one adapter class, made here from its record and
+registered under its ``type_name`` in mmengine's root MODELS registry, which mmdet's and mmseg's registries
+search as their parent, so both libraries build them without this module importing either; a family registered
+later gets its adapter then (``families.on_register``). The adapters add only mm's ``init_cfg`` convention;
+``Pretrained`` goes through ``load_pretrained`` (safe loading, official key filter, strict key and shape
+checks) instead of mmengine's ``load_checkpoint``. Its ``checkpoint`` may be an http(s) URL, downloaded once
+and verified against ``sha256=`` (a key of the init_cfg), the URL's ``#sha256=`` fragment or torch.hub's
+``name-<hash prefix>.pth`` file name.
 
 A ``pretrained=`` that reaches an adapter usually comes from the config's ``model.pretrained``: mmseg's
 ``EncoderDecoder`` forwards it to the backbone, and mmseg's stock configs set it for their ResNet
-(``'open-mmlab://resnet50_v1c'``). A value that cannot be a checkpoint of this backbone is refused with an
-error that names ``model.pretrained`` and the fix (``model.pretrained=None`` and ``backbone.init_cfg``):
-a URL or a missing file before anything is built, a file that does not fit as soon as it is read.
+(``'open-mmlab://resnet50_v1c'``). A value that cannot be a checkpoint of this backbone is refused with an error that
+names ``model.pretrained`` and the fix (``model.pretrained=None`` and ``backbone.init_cfg``): a URL or a
+missing file before anything is built, a file that does not fit as soon as it is read.
 """
 
 from __future__ import annotations
@@ -24,9 +26,8 @@ from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 
-from .hatnet import HATNet
+from .families import Family, on_register
 from .pretrained import CheckpointError, check_checkpoint_path, load_pretrained
-from .stvit import STViT
 
 
 @contextlib.contextmanager
@@ -73,25 +74,23 @@ class _MMInit:
             BaseModule.init_weights(self)
 
 
-@MODELS.register_module(name="STViT", force=True)
-class MMSTViT(_MMInit, STViT, BaseModule):
-    """STViT for mm configs: same arguments as ``backbones.STViT`` plus ``init_cfg``."""
+def _adapter(family: Family) -> type:
+    """The mm adapter of ``family``: its backbone class plus mm's ``init_cfg``, registered as ``type_name``."""
 
-    type_name = "STViT"
+    class Adapter(_MMInit, family.cls, BaseModule):
+        type_name = family.type_name
 
-    def __init__(self, *args, init_cfg=None, **kwargs):
-        with _checked_pretrained(self.type_name, kwargs.get("pretrained")):
-            super().__init__(*args, **kwargs)
-        self._set_init_cfg(init_cfg)
+        def __init__(self, *args, init_cfg=None, **kwargs):
+            with _checked_pretrained(self.type_name, kwargs.get("pretrained")):
+                super().__init__(*args, **kwargs)
+            self._set_init_cfg(init_cfg)
+
+    Adapter.__name__ = Adapter.__qualname__ = f"MM{family.cls.__name__}"
+    Adapter.__doc__ = f"{family.title} for mm configs: the arguments of ``{family.cls.__name__}`` plus ``init_cfg``."
+    MODELS.register_module(name=family.type_name, module=Adapter, force=True)
+    ADAPTERS[family.name] = Adapter
+    return Adapter
 
 
-@MODELS.register_module(name="HATNet", force=True)
-class MMHATNet(_MMInit, HATNet, BaseModule):
-    """HAT-Net for mm configs: same arguments as ``backbones.HATNet`` plus ``init_cfg``."""
-
-    type_name = "HATNet"
-
-    def __init__(self, *args, init_cfg=None, **kwargs):
-        with _checked_pretrained(self.type_name, kwargs.get("pretrained")):
-            super().__init__(*args, **kwargs)
-        self._set_init_cfg(init_cfg)
+ADAPTERS: dict[str, type] = {}  # family name -> its registered adapter class
+on_register(_adapter)

@@ -167,12 +167,9 @@ class Models:
         return ["stvit-s", "stvit-s-dense", "hatnet-s"]
 
     def keys(self):
-        keys = self.ours_keys()
-        if "stvit" in self.official:
-            keys += ["official-stvit-s", "official-stvit-s-dense"]
-        if "hatnet" in self.official:
-            keys += ["official-hatnet-s"]
-        return keys + ["swin-t"]
+        ours = self.ours_keys()
+        official = [f"official-{key}" for key in ours if self.family(key) in self.official]
+        return ours + official + ["swin-t"]
 
     def family(self, key) -> str:
         return next(name for name in FAMILIES if name in key)  # a key names its family: 'official-stvit-s'

@@ -49,6 +49,14 @@ WARNING_FILTERS: tuple[tuple[str, type[Warning], str, str], ...] = (
         r"mmseg\.models\.losses\.cross_entropy_loss",
         "mmseg 1.2's CrossEntropyLoss notes a default the paper recipes keep",
     ),
+    (
+        r"Grad strides do not match bucket view strides",
+        UserWarning,
+        r"torch\.autograd\.graph",
+        "torch's DDP compares the strides of size-1 dimensions too: the gradients of depthwise (C, 1, 3, 3) and "
+        "1x1 (C, K, 1, 1) convolution weights come in the weights' memory order with other strides there, which "
+        "autograd's own layout check accepts; DDP copies them into its buckets as it copies any gradient",
+    ),
 )
 
 

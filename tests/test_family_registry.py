@@ -148,6 +148,19 @@ def test_a_third_family_exports_loads_benchmarks_and_records_attention(toy, tmp_
             for a, b in zip(fresh(x), expected):
                 torch.testing.assert_close(a, b, rtol=0, atol=0)
 
+    # an mm config's backbone: the adapter made from the record, loading the export through init_cfg
+    from mmengine.registry import MODELS
+
+    cfg = dict(
+        type=toy.type_name, arch="one", init_cfg=dict(type="Pretrained", checkpoint=str(tmp_path / "toy.pth.pth"))
+    )
+    mm_model = MODELS.build(cfg)
+    mm_model.init_weights()
+    assert type(mm_model).__name__ == f"MM{toy.cls.__name__}"
+    with torch.no_grad():
+        for a, b in zip(mm_model.eval()(x), expected):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
     # the benchmark's builder: ours, the plain-path reference, and the official code carrying the same weights
     for name in ("ours", "reference"):
         with torch.no_grad():

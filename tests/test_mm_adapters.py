@@ -47,7 +47,7 @@ def test_detector_keys_are_backbone_keys_with_prefix(tmp_path):
     # A whole-detector checkpoint feeds a backbone through init_cfg with prefix='backbone.'.
     ckpt = tmp_path / "det.pth"
     save_checkpoint({"state_dict": det.state_dict(), "meta": {}}, str(ckpt))
-    bb = backbones.mm.MMSTViT(
+    bb = backbones.mm.ADAPTERS["stvit"](
         arch=STVIT_T, out_indices=(1, 2, 3), init_cfg=dict(type="Pretrained", checkpoint=str(ckpt), prefix="backbone.")
     )
     bb.init_weights()

@@ -170,7 +170,7 @@ def test_trainer_section_validated_and_mapped():
     kwargs = trainer_kwargs(load_config(DET_CFG, {"trainer.strategy": "ddp", "trainer.num_nodes": 2}))
     assert (kwargs["gradient_clip_val"], kwargs["gradient_clip_algorithm"]) == (10.0, "norm")  # optim_wrapper
     assert isinstance(kwargs["strategy"], DDPStrategy) and kwargs["num_nodes"] == 2
-    assert kwargs["strategy"]._ddp_kwargs == {"find_unused_parameters": False, "broadcast_buffers": False}
+    assert kwargs["strategy"]._ddp_kwargs == {"find_unused_parameters": False, "forward_sync_buffers": False}
 
 
 def test_paramwise_no_decay_and_preprocessor_device(tiny_data):

@@ -90,8 +90,9 @@ class SyncBuffers(L.Callback):
     """Averages the model's floating-point buffers (BatchNorm running statistics) over the DDP ranks before
     each validation and test epoch, as mmengine's ``SyncBuffersHook`` does.
 
-    Under DDP with ``broadcast_buffers=False`` (tasks/training/trainer.py, as in mmengine) the statistics stay per rank;
-    after this, every rank evaluates, and the checkpoint written after validation holds, the same model.
+    Under DDP without buffer broadcasts (``forward_sync_buffers=False``, tasks/training/trainer.py, as in
+    mmengine) the statistics stay per rank; after this, every rank evaluates, and the checkpoint written after
+    validation holds, the same model.
     Integer buffers (``num_batches_tracked``, equal on all ranks anyway) are taken from rank 0.
     """
 

@@ -127,10 +127,8 @@ class MMTaskModule(L.LightningModule):
         with self.nonfinite.guard(self.model) as step:
             losses = self.model(**data, mode="loss")
         loss, log_vars = self.model.parse_losses(losses)
-        if step.nonfinite(loss):
-            where = f"step {self.global_step} (epoch {self.current_epoch}, batch {batch_idx}, rank {self.global_rank})"
-            loss = step.skip(log_vars, where, self.parameters())
-        else:
+        loss, skipped = step.finish(loss, log_vars, self._where(batch_idx), self.parameters)
+        if not skipped:
             # Per-rank values, logged on step only: no collective in the hot loop.
             self.log_dict({f"train/{k}": v for k, v in log_vars.items()}, on_step=True, batch_size=batch_size)
             self.log("loss", log_vars["loss"], prog_bar=True, logger=False, on_step=True, batch_size=batch_size)
@@ -139,6 +137,26 @@ class MMTaskModule(L.LightningModule):
         if self.nonfinite.skipped:
             self.log("train/skipped_nonfinite", float(self.nonfinite.skipped), on_step=True, batch_size=batch_size)
         return loss
+
+    def _where(self, batch_idx: int | None = None) -> str:
+        batch = f", batch {batch_idx}" if batch_idx is not None else ""
+        return f"step {self.global_step} (epoch {self.current_epoch}{batch}, rank {self.global_rank})"
+
+    # The 'raise' policy's check points: every logging interval, before validation, before a checkpoint is
+    # written, at the end of training (tasks/training/nonfinite.py). Each reads the flags once.
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
+        if self.nonfinite.mode == "raise":
+            self.nonfinite.zero_nonfinite_grads(self.parameters(), self._where())
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            self.nonfinite.check()
+
+    def on_validation_start(self) -> None:
+        self.nonfinite.check()
+
+    def on_train_end(self) -> None:
+        self.nonfinite.check()
 
     def check_tta(self, tta: torch.nn.Module) -> None:
         """Subclasses refuse TTA models that cannot merge this model's predictions (with a ValueError)."""
@@ -212,6 +230,7 @@ class MMTaskModule(L.LightningModule):
             self.test_metrics = self._finish_eval(self.test_evaluator)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.nonfinite.check(collective=False)  # every rank holds the gradient flags, which DDP made equal
         # The resolved config and the last validation metrics travel with the weights, as plain
         # strings and floats: every loader reads checkpoints with weights_only=True, which refuses
         # mmengine Config objects.

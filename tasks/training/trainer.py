@@ -65,9 +65,11 @@ def _check_keys(section: str, given, valid) -> None:
 
 
 def _strategy(spec):
-    """'ddp' / dict(type='ddp', ...) -> DDPStrategy with mmengine's default ``broadcast_buffers=False``
-    (buffers are not broadcast before each forward: BN statistics stay per rank unless
-    sync_batchnorm, as in MMDistributedDataParallel, and evaluation runs no collective per batch).
+    """'ddp' / dict(type='ddp', ...) -> DDPStrategy whose buffers are not broadcast before each forward
+    (``forward_sync_buffers=False``, torch's name for mmengine's default ``broadcast_buffers=False``, deprecated in
+    torch 2.13): BN statistics stay per rank unless sync_batchnorm, as in MMDistributedDataParallel, and
+    evaluation runs no collective per batch. Unlike ``broadcast_buffers=False`` the buffers are synced once when
+    DDP wraps the model; every rank holds the same ones then (the same initialisation or checkpoint).
     dict(type='fsdp', ...) -> FSDPStrategy(...). Other strings go to Lightning unchanged."""
     kwargs = {}
     if isinstance(spec, dict):
@@ -77,7 +79,8 @@ def _strategy(spec):
             kwargs["timeout"] = datetime.timedelta(seconds=kwargs["timeout"])
     if spec in ("ddp", "ddp_find_unused_parameters_true"):
         kwargs.setdefault("find_unused_parameters", spec.endswith("_true"))
-        kwargs.setdefault("broadcast_buffers", False)
+        if "broadcast_buffers" not in kwargs:  # a config that still names the old key gets torch's own notice
+            kwargs.setdefault("forward_sync_buffers", False)
         return ElasticDDPStrategy(**kwargs)  # a DDPStrategy that also rejoins after a torchrun restart
     if spec == "fsdp" and kwargs:
         return FSDPStrategy(**kwargs)
