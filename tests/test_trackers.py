@@ -8,6 +8,7 @@ import json
 import os.path as osp
 import struct
 import sys
+from pathlib import Path
 
 import pytest
 from mmengine.config import Config
@@ -18,10 +19,14 @@ from tests._tools import SEG_CFG, load_tool
 train_tool, tiny_data = load_tool("train"), load_tool("make_tiny_data")
 
 
-@pytest.fixture(scope="module")
-def tracked_run(tmp_path_factory):
-    """One optimizer step of the demo UPerNet on tiny ADE20K, validated, with all three trackers."""
-    root = tmp_path_factory.mktemp("trackers")
+@pytest.fixture(scope="session")
+def tracked_run(run_once):
+    """One optimizer step of the demo UPerNet on tiny ADE20K, validated, with all three trackers: once per
+    session (the module's tests run on both pytest-xdist workers)."""
+    return run_once("tracked_run", _tracked_run)
+
+
+def _tracked_run(root):
     tiny_data.make_ade20k(root, num_train=2, num_val=1, seed=0)
     config = root / "upernet_tracked.py"
     config.write_text(
@@ -49,7 +54,7 @@ def tracked_run(tmp_path_factory):
             "trainer.enable_model_summary=False",
         ]
     )
-    return root, work_dir, metrics
+    return str(root), work_dir, metrics
 
 
 def _csv_last(work_dir):
@@ -115,6 +120,7 @@ def test_mlflow_file_store_holds_metrics_hyperparameters_and_config(tracked_run)
     from mlflow.tracking import MlflowClient
 
     root, work_dir, metrics = tracked_run
+    root = Path(root)
     client = MlflowClient(f"file:{root / 'mlruns'}")
     experiment = client.get_experiment_by_name("upernet_tracked")  # named after the config
     (run,) = client.search_runs([experiment.experiment_id])
