@@ -8,8 +8,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,44 +15,16 @@ import pytest
 import torch
 from PIL import Image
 
+from tests import _forked
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
 train_tool, test_tool, make_tiny_data = load_tool("train"), load_tool("test"), load_tool("make_tiny_data")
 
 
 # --- writers killed mid-write -------------------------------------------------------------------------------
-# The writer process stops (a profile hook sleeps) at a known point - right before the rename of a fully
-# written temp file, or while torch.save is still streaming the checkpoint - and is SIGKILLed there.
-WRITER = r"""
-import os, sys, time
-import torch
-which, path, marker = sys.argv[1:4]
-
-def stop_at_rename(frame, event, arg):
-    if event == 'c_call' and arg is os.replace:
-        open(marker, 'w').close()
-        time.sleep(120)
-
-class SlowToPickle:
-    def __reduce__(self):
-        open(marker, 'w').close()
-        time.sleep(120)
-        return (int, ())
-
-if which == 'ckpt_streaming':
-    from tasks.training.checkpoint_io import AtomicCheckpointIO
-    AtomicCheckpointIO().save_checkpoint({{'w': torch.full((100000,), 2.0), 'slow': SlowToPickle()}}, path)
-sys.setprofile(stop_at_rename)
-if which == 'ckpt':
-    from tasks.training.checkpoint_io import AtomicCheckpointIO
-    AtomicCheckpointIO().save_checkpoint({{'w': torch.full((100000,), 2.0)}}, path)
-elif which == 'metrics':
-    from backbones.atomic import write_json  # what tasks.training.checkpoint_io re-exports, without Lightning's import
-    write_json(path, {{'mIoU': 0.2}})
-elif which == 'export':
-    from backbones.export import save_torch
-    save_torch({{'w': torch.full((100000,), 2.0)}}, path)
-"""
+# The writer process (forked from tests/_forked.py's server, which has imported torch and the writers once) stops
+# at a known point - right before the rename of a fully written temp file, or while torch.save is still streaming
+# the checkpoint - and is SIGKILLed there.
 
 
 def _write_v1(which, path):
@@ -84,22 +54,19 @@ def test_kill_during_write_keeps_previous_file(which, tmp_path):
     marker = tmp_path / "writing"
     _write_v1(which, path)
     before = path.read_bytes()
-    script = tmp_path / "writer.py"
-    script.write_text(WRITER.format())
-    p = subprocess.Popen(
-        [sys.executable, str(script), which, str(path), str(marker)], env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    p = _forked.process(_forked.write, which, str(path), str(marker), str(tmp_path / "writer.log"))
     try:
         deadline = time.monotonic() + 120
-        while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+        while not marker.exists() and p.is_alive() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert marker.exists(), f"writer exited with {p.poll()} before the injection point"
+        assert marker.exists(), f"writer exited with {p.exitcode} before the injection point"
         temps = [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
         assert temps, "the writer should be holding a temp file at this point"
         os.kill(p.pid, signal.SIGKILL)
     finally:
         p.kill()
-        p.wait()
+        p.join()
+    assert p.exitcode == -signal.SIGKILL
     assert path.read_bytes() == before  # the previous version, byte for byte
     old = _read(which, path)
     assert old == {"mIoU": 0.1} if which == "metrics" else torch.equal(old["w"], torch.ones(3))
