@@ -164,3 +164,42 @@ def run_here(tool: str, argv: list) -> dict:
         return load_tool(tool).main(argv)
     finally:
         torch.set_num_threads(threads)
+
+
+def kill_and_resume_here(args, work, pause, pause_at):
+    """``kill_and_resume`` with the killed run forked from tests/_forked.py's server (no seconds of imports) and the
+    same command resumed in this process (``run_here``): the same SIGKILL of a real process group at the end of
+    step ``pause_at``, the same checks of what it left (no temp file, the resume message). Returns the last.ckpt
+    that the kill left and the resumed run's final one."""
+    import logging
+
+    from tests import _forked
+
+    os.makedirs(pause)
+    log = os.path.join(pause, "killed.log")
+    proc = _forked.process(_forked.train, list(args), log, pause_at, str(pause))
+    deadline = time.monotonic() + TIMEOUT
+    while not os.path.exists(os.path.join(pause, "paused_rank0")):
+        assert proc.is_alive(), (
+            f"the run ended (exit status {proc.exitcode}) before step {pause_at}:\n" + open(log).read()[-6000:]
+        )
+        assert time.monotonic() < deadline, f"timed out waiting for step {pause_at}"
+        time.sleep(0.02)
+    saved = load_ckpt(os.path.join(work, "last.ckpt"))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.join()
+    assert proc.exitcode == -signal.SIGKILL
+    open(os.path.join(pause, "go"), "w").close()
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("lightning.pytorch")  # where Lightning's rank_zero_info logs
+    logger.addHandler(handler)
+    try:
+        run_here("train", list(args))
+    finally:
+        logger.removeHandler(handler)
+    assert f"--resume auto: resuming from {os.path.join(work, 'last.ckpt')}" in lines, lines
+    assert [p for p in os.listdir(work) if p.endswith(".tmp")] == []
+    return saved, load_ckpt(os.path.join(work, "last.ckpt"))

@@ -18,7 +18,7 @@ from tests._runs import (
     assert_same_training_state,
     ddp_opts,
     env,
-    kill_and_resume,
+    kill_and_resume_here,
     load_ckpt,
     run_here,
     seg_opts,
@@ -57,7 +57,7 @@ def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
         return [DET_CFG, "--work-dir", str(work), "--resume", "auto", "--cfg-options", *opts]
 
     run_here("train", args(tmp_path / "ref"))
-    saved, final = kill_and_resume(args(tmp_path / "run"), tmp_path / "run", tmp_path / "pause", pause_at=4)
+    saved, final = kill_and_resume_here(args(tmp_path / "run"), tmp_path / "run", tmp_path / "pause", pause_at=4)
     assert saved["global_step"] == 3 and _train_loader_state(saved)["batches"] == 3  # mid-epoch
     assert final["global_step"] == 6
     assert_same_training_state(load_ckpt(tmp_path / "ref" / "last.ckpt"), final)
