@@ -167,28 +167,19 @@ def run_here(tool: str, argv: list) -> dict:
 
 
 def kill_and_resume_here(args, work, pause, pause_at):
-    """``kill_and_resume`` with the killed run forked from tests/_forked.py's server (no seconds of imports) and the
-    same command resumed in this process (``run_here``): the same SIGKILL of a real process group at the end of
-    step ``pause_at``, the same checks of what it left (no temp file, the resume message). Returns the last.ckpt
-    that the kill left and the resumed run's final one."""
+    """``kill_and_resume`` with the same command resumed in this process (``run_here``, one thread, bit-identical
+    to a child) instead of a second child: the same SIGKILL of the job's process group at the end of step
+    ``pause_at``, the same checks of what it left (the resume message, no temp file). Returns the last.ckpt that
+    the kill left and the resumed run's final one."""
     import logging
 
-    from tests import _forked
-
     os.makedirs(pause)
-    log = os.path.join(pause, "killed.log")
-    proc = _forked.process(_forked.train, list(args), log, pause_at, str(pause))
-    deadline = time.monotonic() + TIMEOUT
-    while not os.path.exists(os.path.join(pause, "paused_rank0")):
-        assert proc.is_alive(), (
-            f"the run ended (exit status {proc.exitcode}) before step {pause_at}:\n" + open(log).read()[-6000:]
-        )
-        assert time.monotonic() < deadline, f"timed out waiting for step {pause_at}"
-        time.sleep(0.02)
+    proc = start(args, PAUSE_AT_STEP=str(pause_at), PAUSE_DIR=str(pause))
+    wait_for(os.path.join(pause, "paused_rank0"), [proc])
     saved = load_ckpt(os.path.join(work, "last.ckpt"))
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.join()
-    assert proc.exitcode == -signal.SIGKILL
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
     open(os.path.join(pause, "go"), "w").close()
 
     lines = []

@@ -6,8 +6,10 @@ loaded); nothing of mmdet / mmseg / mmcv / Lightning / torch is mocked.
 
 import json
 import logging
+import multiprocessing
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -15,32 +17,60 @@ import pytest
 import torch
 from PIL import Image
 
-from tests import _forked
+from backbones.atomic import write_json
+from backbones.export import save_torch
+from tasks.training.checkpoint_io import AtomicCheckpointIO
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
 train_tool, test_tool, make_tiny_data = load_tool("train"), load_tool("test"), load_tool("make_tiny_data")
 
 
 # --- writers killed mid-write -------------------------------------------------------------------------------
-# The writer process (forked from tests/_forked.py's server, which has imported torch and the writers once) stops
-# at a known point - right before the rename of a fully written temp file, or while torch.save is still streaming
-# the checkpoint - and is SIGKILLed there.
+# The writer is a child forked from the test process (no seconds of imports: it has torch and the writers already)
+# that stops at a known point - right before the rename of a fully written temp file, or while torch.save is still
+# streaming the checkpoint - and is SIGKILLed there. It runs with one thread: a forked child must not enter the
+# parent's OpenMP pool, whose threads it does not have.
+class _SlowToPickle:
+    """Stops the pickler of a checkpoint that holds it: ``torch.save`` has written part of the file then."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        open(self.marker, "w").close()
+        time.sleep(120)
+        return (int, ())
+
+
+def _write_v2(which, path, marker, payload):
+    """A new version of ``path`` by the writer ``which``, stopped after creating ``marker``."""
+    torch.set_num_threads(1)
+    if which == "ckpt_streaming":
+        AtomicCheckpointIO().save_checkpoint({**payload, "slow": _SlowToPickle(marker)}, path)
+
+    def stop_at_rename(frame, event, arg):
+        if event == "c_call" and arg is os.replace:
+            open(marker, "w").close()
+            time.sleep(120)
+
+    sys.setprofile(stop_at_rename)
+    if which == "ckpt":
+        AtomicCheckpointIO().save_checkpoint(payload, path)
+    elif which == "metrics":
+        write_json(path, {"mIoU": 0.2})
+    elif which == "export":
+        save_torch(payload, path)
 
 
 def _write_v1(which, path):
     if which.startswith("ckpt"):
-        from tasks.training.checkpoint_io import AtomicCheckpointIO
-
         AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, path)
     elif which == "metrics":
-        from backbones import atomic
-        from tasks.training.checkpoint_io import write_json
+        from tasks.training import checkpoint_io
 
-        assert write_json is atomic.write_json  # the killed writer imports it from backbones.atomic
+        assert checkpoint_io.write_json is write_json  # the tools' JSON writer is the one the killed writer used
         write_json(path, {"mIoU": 0.1})
     else:
-        from backbones.export import save_torch
-
         save_torch({"w": torch.ones(3)}, path)
 
 
@@ -54,7 +84,9 @@ def test_kill_during_write_keeps_previous_file(which, tmp_path):
     marker = tmp_path / "writing"
     _write_v1(which, path)
     before = path.read_bytes()
-    p = _forked.process(_forked.write, which, str(path), str(marker), str(tmp_path / "writer.log"))
+    payload = {"w": torch.full((100000,), 2.0)}  # made here: the child computes nothing
+    p = multiprocessing.get_context("fork").Process(target=_write_v2, args=(which, str(path), str(marker), payload))
+    p.start()
     try:
         deadline = time.monotonic() + 120
         while not marker.exists() and p.is_alive() and time.monotonic() < deadline:
