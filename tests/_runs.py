@@ -199,3 +199,33 @@ def run_job_here(args, envs, record=None, expect=0) -> tuple:
             p.wait()
         raise
     return result, finish(procs, expect=expect)
+
+
+def kill_and_resume_here(args, work, pause, pause_at):
+    """``kill_and_resume`` with the same command resumed in this process (``run_here``, one thread, bit-identical
+    to a child) instead of a second child: the same SIGKILL of the job's process group at the end of step
+    ``pause_at``, the same checks of what it left (the resume message, no temp file). Returns the last.ckpt that
+    the kill left and the resumed run's final one."""
+    import logging
+
+    os.makedirs(pause)
+    proc = start(args, PAUSE_AT_STEP=str(pause_at), PAUSE_DIR=str(pause))
+    wait_for(os.path.join(pause, "paused_rank0"), [proc])
+    saved = load_ckpt(os.path.join(work, "last.ckpt"))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    open(os.path.join(pause, "go"), "w").close()
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("lightning.pytorch")  # where Lightning's rank_zero_info logs
+    logger.addHandler(handler)
+    try:
+        run_here("train", list(args))
+    finally:
+        logger.removeHandler(handler)
+    assert f"--resume auto: resuming from {os.path.join(work, 'last.ckpt')}" in lines, lines
+    assert [p for p in os.listdir(work) if p.endswith(".tmp")] == []
+    return saved, load_ckpt(os.path.join(work, "last.ckpt"))

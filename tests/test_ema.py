@@ -14,7 +14,7 @@ from mmengine.runner import load_checkpoint
 
 from tasks.deploy.checkpoints import read_training_checkpoint
 from tasks.training.ema import ModelEMA, build_custom_hooks
-from tests._runs import kill_and_resume, load_ckpt, run_here, seg_opts
+from tests._runs import kill_and_resume_here, load_ckpt, run_here, seg_opts
 from tests._tools import SEG_CFG, load_tool
 
 
@@ -307,7 +307,7 @@ def test_resume_after_kill_gives_the_uninterrupted_average_and_weights(data_opts
         return [config, "--work-dir", str(work), "--resume", "auto", "--cfg-options", *opts]
 
     run_here("train", args(tmp_path / "ref"))
-    saved, final = kill_and_resume(args(tmp_path / "run"), tmp_path / "run", tmp_path / "pause", pause_at=3)
+    saved, final = kill_and_resume_here(args(tmp_path / "run"), tmp_path / "run", tmp_path / "pause", pause_at=3)
     reference = load_ckpt(tmp_path / "ref" / "last.ckpt")
     assert saved["global_step"] == 2 and final["global_step"] == 5 and int(final["ema_state_dict"]["steps"]) == 5
     for key in ("state_dict", "ema_state_dict"):  # the average, and the raw weights

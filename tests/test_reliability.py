@@ -18,7 +18,7 @@ from tests._runs import (
     assert_same_training_state,
     ddp_opts,
     env,
-    kill_and_resume,
+    kill_and_resume_here,
     load_ckpt,
     run_here,
     seg_opts,
@@ -57,7 +57,7 @@ def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
         return [DET_CFG, "--work-dir", str(work), "--resume", "auto", "--cfg-options", *opts]
 
     run_here("train", args(tmp_path / "ref"))
-    saved, final = kill_and_resume(args(tmp_path / "run"), tmp_path / "run", tmp_path / "pause", pause_at=4)
+    saved, final = kill_and_resume_here(args(tmp_path / "run"), tmp_path / "run", tmp_path / "pause", pause_at=4)
     assert saved["global_step"] == 3 and _train_loader_state(saved)["batches"] == 3  # mid-epoch
     assert final["global_step"] == 6
     assert_same_training_state(load_ckpt(tmp_path / "ref" / "last.ckpt"), final)
@@ -139,8 +139,9 @@ def test_nan_loss_skip_mode_skips_and_counts(data_opts, tmp_path):
     assert max(float(r["train/skipped_nonfinite"]) for r in rows if r.get("train/skipped_nonfinite")) == 1
 
 
-NAN_ON_RANK1_DRIVER = '''
-import hashlib, importlib.util, json, os, sys
+# --- faults on one DDP rank --------------------------------------------------------------------------------
+DDP_FAULTS_DRIVER = '''
+import hashlib, importlib.util, json, os, sys, time
 import lightning as L
 import torch
 spec = importlib.util.spec_from_file_location('train_tool', os.path.join({repo!r}, 'tools', 'train.py'))
@@ -161,58 +162,75 @@ def hashes(module):
     return tensors_hash(module.named_parameters()), tensors_hash(module.state_dict().items())
 
 
-class NaNImagesOnRank1(L.Callback):
-    """Rank 1's images of its training batch number {at} (0-based, counted over epochs) become NaNs before the
-    model's data preprocessor sees them; rank 0's stay as they are. Every rank records hashes of its parameters
-    and buffers before and after that batch and at the end, in OUT/rank<R>.json."""
+def write(path, text):
+    with open(path + '.tmp', 'w') as f:
+        f.write(text)
+    os.replace(path + '.tmp', path)  # the other rank polls for the file: it must appear complete
+
+
+class Faults(L.Callback):
+    """Rank 1's images of its training batch number {nan_at} (0-based) become NaNs before the model's data
+    preprocessor sees them; rank 0's stay as they are. Every rank records hashes of its parameters and buffers
+    before and after that batch and once {steps} steps are done, in OUT/rank<R>.json; then rank 1 raises."""
 
     def __init__(self):
         self.batches, self.record = -1, {{}}
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self.batches += 1
-        if self.batches == {at}:
+        if self.batches == {nan_at}:
             self.record['before'] = hashes(module)
             if trainer.global_rank == 1:
                 batch['inputs'] = [torch.full(x.shape, float('nan')) for x in batch['inputs']]
+        if trainer.global_step == {steps}:
+            finite = all(bool(torch.isfinite(t).all()) for t in module.state_dict().values() if t.is_floating_point())
+            self.record.update(final=hashes(module), finite=finite, skipped=module.nonfinite.skipped,
+                               batches=self.batches)
+            write(os.path.join({out!r}, f'rank{{trainer.global_rank}}.json'), json.dumps(self.record))
+            if trainer.global_rank == 1:
+                deadline = time.monotonic() + 60  # rank 0's record first: the failure ends rank 0 too
+                while not os.path.exists(os.path.join({out!r}, 'rank0.json')) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                write({marker!r}, repr(time.time()))
+                raise RuntimeError('injected failure')
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.batches == {at}:
+        if self.batches == {nan_at}:
             self.record.update(after=hashes(module), step_after=trainer.global_step)
 
-    def on_train_end(self, trainer, module):
-        finite = all(bool(torch.isfinite(t).all()) for t in module.state_dict().values() if t.is_floating_point())
-        self.record.update(final=hashes(module), finite=finite, skipped=module.nonfinite.skipped,
-                           batches=self.batches + 1)
-        with open(os.path.join({out!r}, f'rank{{trainer.global_rank}}.json'), 'w') as f:
-            json.dump(self.record, f)
 
-
-train.cli(sys.argv[1:], callbacks=[NaNImagesOnRank1()])
+train.cli(sys.argv[1:], callbacks=[Faults()])
 '''
 
 
 @pytest.mark.slow
-def test_nan_on_one_ddp_rank_skip_mode_both_ranks_skip(data_opts, tmp_path):
-    """nonfinite_loss='skip' under 2-process DDP with a NaN loss on rank 1 only (a batch of NaN images): both
-    ranks skip that step (no optimizer step anywhere: every rank's parameters and BatchNorm statistics after it
-    equal those before it, and the ranks' parameters stay equal), neither hangs, and training carries on to
-    max_steps with finite weights and statistics."""
+def test_ddp_nan_on_one_rank_skipped_by_both_then_exception_on_one_rank_ends_all(data_opts, tmp_path):
+    """One 2-process DDP job (gloo) with two faults, each on rank 1 only.
+
+    A NaN loss (a batch of NaN images at batch 1) under nonfinite_loss='skip': both ranks skip that step (no
+    optimizer step anywhere: every rank's parameters and BatchNorm statistics after it equal those before it, and
+    the ranks' parameters stay equal), neither hangs, and training carries on with finite weights and statistics
+    (last.ckpt of step 3 counts the skip).
+
+    Then an exception on rank 1 at the start of step 4 (of 20): every rank ends soon after, the job exits non-zero
+    and its output names the failed rank and the error."""
+    marker = tmp_path / "raised_at"
     driver = tmp_path / "driver.py"
-    driver.write_text(NAN_ON_RANK1_DRIVER.format(repo=REPO, out=str(tmp_path), at=1))
-    opts = seg_opts(data_opts, "trainer.max_steps=3", "nonfinite_loss=skip", *ddp_opts(2))
-    start = time.monotonic()
+    driver.write_text(DDP_FAULTS_DRIVER.format(repo=REPO, out=str(tmp_path), marker=str(marker), nan_at=1, steps=3))
+    opts = seg_opts(data_opts, "trainer.max_steps=20", "nonfinite_loss=skip", "checkpoint_every_n_steps=3")
+    start = time.time()
     proc = subprocess.run(
-        [sys.executable, str(driver), SEG_CFG, "--work-dir", str(tmp_path / "w"), "--cfg-options", *opts],
+        [sys.executable, str(driver), SEG_CFG, "--work-dir", str(tmp_path / "w"), "--cfg-options", *opts, *ddp_opts(2)],
         cwd=REPO,
         env=env(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
     )
-    took = time.monotonic() - start
+    end = time.time()
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+
+    # the NaN on rank 1: skipped on both ranks
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r, rec in enumerate(ranks):
         assert rec["before"] == rec["after"], f"rank {r} stepped on the NaN batch"
@@ -224,57 +242,13 @@ def test_nan_on_one_ddp_rank_skip_mode_both_ranks_skip(data_opts, tmp_path):
     assert "non-finite on another rank" in out and "decode.loss_ce=nan" in out, out[-4000:]
     ckpt = load_ckpt(tmp_path / "w" / "last.ckpt")
     assert ckpt["global_step"] == 3 and ckpt["skipped_nonfinite"] == 1
-    print(f"NaN on rank 1 only: both ranks skipped, run took {took:.1f} s")
 
-
-# --- a failing DDP rank -------------------------------------------------------------------------------------
-DDP_DRIVER = """
-import importlib.util, os, sys, time
-import lightning as L
-spec = importlib.util.spec_from_file_location('train_tool', os.path.join({repo!r}, 'tools', 'train.py'))
-train = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train)
-
-class Boom(L.Callback):
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.global_rank == 1 and trainer.global_step == 2:
-            with open({marker!r}, 'w') as f:
-                f.write(repr(time.time()))
-            raise RuntimeError('injected failure')
-
-train.cli(sys.argv[1:], callbacks=[Boom()])
-"""
-
-
-@pytest.mark.slow
-def test_exception_on_one_ddp_rank_ends_all_ranks_and_names_it(data_opts, tmp_path):
-    marker = tmp_path / "raised_at"
-    driver = tmp_path / "driver.py"
-    driver.write_text(DDP_DRIVER.format(repo=REPO, marker=str(marker)))
-    opts = seg_opts(
-        data_opts,
-        "trainer.max_steps=20",
-        "trainer.devices=2",
-        "trainer.accelerator=cpu",
-        "trainer.strategy.type=ddp",
-        "trainer.strategy.timeout=60",
-    )
-    start = time.time()
-    proc = subprocess.run(
-        [sys.executable, str(driver), SEG_CFG, "--work-dir", str(tmp_path / "w"), "--cfg-options", *opts],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    end = time.time()
-    out = proc.stdout + proc.stderr
+    # the exception on rank 1: every rank ends, and the output names it
     assert proc.returncode != 0
     assert "rank 1 failed: RuntimeError: injected failure" in out, out[-4000:]
     after = end - float(marker.read_text())
     assert after < 60, after
     print(
-        f"rank 1 raised at step 2: all ranks gone {after:.1f} s later (total {end - start:.0f} s), "
-        f"exit status {proc.returncode}"
+        f"NaN on rank 1 only: both ranks skipped; rank 1 raised at step 4: all ranks gone {after:.1f} s later "
+        f"(total {end - start:.0f} s), exit status {proc.returncode}"
     )

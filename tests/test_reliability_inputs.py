@@ -6,9 +6,9 @@ loaded); nothing of mmdet / mmseg / mmcv / Lightning / torch is mocked.
 
 import json
 import logging
+import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -17,60 +17,60 @@ import pytest
 import torch
 from PIL import Image
 
+from backbones.atomic import write_json
+from backbones.export import save_torch
+from tasks.training.checkpoint_io import AtomicCheckpointIO
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
 train_tool, test_tool, make_tiny_data = load_tool("train"), load_tool("test"), load_tool("make_tiny_data")
 
 
 # --- writers killed mid-write -------------------------------------------------------------------------------
-# The writer process stops (a profile hook sleeps) at a known point - right before the rename of a fully
-# written temp file, or while torch.save is still streaming the checkpoint - and is SIGKILLed there.
-WRITER = r"""
-import os, sys, time
-import torch
-which, path, marker = sys.argv[1:4]
+# The writer is a child forked from the test process (no seconds of imports: it has torch and the writers already)
+# that stops at a known point - right before the rename of a fully written temp file, or while torch.save is still
+# streaming the checkpoint - and is SIGKILLed there. It runs with one thread: a forked child must not enter the
+# parent's OpenMP pool, whose threads it does not have.
+class _SlowToPickle:
+    """Stops the pickler of a checkpoint that holds it: ``torch.save`` has written part of the file then."""
 
-def stop_at_rename(frame, event, arg):
-    if event == 'c_call' and arg is os.replace:
-        open(marker, 'w').close()
-        time.sleep(120)
+    def __init__(self, marker):
+        self.marker = marker
 
-class SlowToPickle:
     def __reduce__(self):
-        open(marker, 'w').close()
+        open(self.marker, "w").close()
         time.sleep(120)
         return (int, ())
 
-if which == 'ckpt_streaming':
-    from tasks.training.checkpoint_io import AtomicCheckpointIO
-    AtomicCheckpointIO().save_checkpoint({{'w': torch.full((100000,), 2.0), 'slow': SlowToPickle()}}, path)
-sys.setprofile(stop_at_rename)
-if which == 'ckpt':
-    from tasks.training.checkpoint_io import AtomicCheckpointIO
-    AtomicCheckpointIO().save_checkpoint({{'w': torch.full((100000,), 2.0)}}, path)
-elif which == 'metrics':
-    from backbones.atomic import write_json  # what tasks.training.checkpoint_io re-exports, without Lightning's import
-    write_json(path, {{'mIoU': 0.2}})
-elif which == 'export':
-    from backbones.export import save_torch
-    save_torch({{'w': torch.full((100000,), 2.0)}}, path)
-"""
+
+def _write_v2(which, path, marker, payload):
+    """A new version of ``path`` by the writer ``which``, stopped after creating ``marker``."""
+    torch.set_num_threads(1)
+    if which == "ckpt_streaming":
+        AtomicCheckpointIO().save_checkpoint({**payload, "slow": _SlowToPickle(marker)}, path)
+
+    def stop_at_rename(frame, event, arg):
+        if event == "c_call" and arg is os.replace:
+            open(marker, "w").close()
+            time.sleep(120)
+
+    sys.setprofile(stop_at_rename)
+    if which == "ckpt":
+        AtomicCheckpointIO().save_checkpoint(payload, path)
+    elif which == "metrics":
+        write_json(path, {"mIoU": 0.2})
+    elif which == "export":
+        save_torch(payload, path)
 
 
 def _write_v1(which, path):
     if which.startswith("ckpt"):
-        from tasks.training.checkpoint_io import AtomicCheckpointIO
-
         AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, path)
     elif which == "metrics":
-        from backbones import atomic
-        from tasks.training.checkpoint_io import write_json
+        from tasks.training import checkpoint_io
 
-        assert write_json is atomic.write_json  # the killed writer imports it from backbones.atomic
+        assert checkpoint_io.write_json is write_json  # the tools' JSON writer is the one the killed writer used
         write_json(path, {"mIoU": 0.1})
     else:
-        from backbones.export import save_torch
-
         save_torch({"w": torch.ones(3)}, path)
 
 
@@ -84,22 +84,21 @@ def test_kill_during_write_keeps_previous_file(which, tmp_path):
     marker = tmp_path / "writing"
     _write_v1(which, path)
     before = path.read_bytes()
-    script = tmp_path / "writer.py"
-    script.write_text(WRITER.format())
-    p = subprocess.Popen(
-        [sys.executable, str(script), which, str(path), str(marker)], env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    payload = {"w": torch.full((100000,), 2.0)}  # made here: the child computes nothing
+    p = multiprocessing.get_context("fork").Process(target=_write_v2, args=(which, str(path), str(marker), payload))
+    p.start()
     try:
         deadline = time.monotonic() + 120
-        while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+        while not marker.exists() and p.is_alive() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert marker.exists(), f"writer exited with {p.poll()} before the injection point"
+        assert marker.exists(), f"writer exited with {p.exitcode} before the injection point"
         temps = [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
         assert temps, "the writer should be holding a temp file at this point"
         os.kill(p.pid, signal.SIGKILL)
     finally:
         p.kill()
-        p.wait()
+        p.join()
+    assert p.exitcode == -signal.SIGKILL
     assert path.read_bytes() == before  # the previous version, byte for byte
     old = _read(which, path)
     assert old == {"mIoU": 0.1} if which == "metrics" else torch.equal(old["w"], torch.ones(3))
