@@ -1,7 +1,8 @@
 """The training loop against mmengine's Runner: one config trained by ``tools/train.py`` (Lightning) and by
-``Runner.from_cfg`` (what ``mim train mmdet CONFIG`` runs), each as a whole process, for a short and a long
-number of epochs. The per-iteration time is the slope between the two (start-up cancels); peak memory is the
-process's high-water mark.
+``Runner.from_cfg`` (what ``mim train mmdet CONFIG`` runs), each as a whole process, for a long number of epochs
+that marks the time, CPU time and steps done at the end of every epoch. The per-iteration time is the slope
+between the marks after a short and after the long number of epochs (start-up, imports, the first epochs and the
+final checkpoint lie outside the two marks); peak memory is the process's high-water mark.
 
 Both loops do the same work: the same data (``--data``), batch size, optimizer, clipping, schedules and
 seed; no validation (Lightning: ``trainer.limit_val_batches=0``; Runner: no val loop); checkpoints when
@@ -11,10 +12,11 @@ every ``trainer.log_every_n_steps`` iterations (the Runner's ``LoggerHook`` inte
 TensorBoard (Lightning) and to the text log + scalars JSON + TensorBoard (the Runner, given mmengine's
 ``TensorboardVisBackend``). The same ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` reach both processes.
 
-Each run is ``python -m perf.loop LOOP OUT.json ...`` (``run_loop``): the loop runs in that process, which then
-writes its peak resident memory (VmHWM: the high-water mark of this process's own address space, which
+Each run is ``python -m perf.loop LOOP OUT.json ...`` (``run_loop``): the loop runs in that process, a Lightning
+callback or an mmengine hook (``EpochMarks``, ``RunnerEpochMarks``) marking each epoch's end, then the process
+writes the marks, its peak resident memory (VmHWM: the high-water mark of this process's own address space, which
 ``ru_maxrss`` is not, see perf/memory.py), its CPU time, the optimizer steps done and the last logged loss.
-The wall time is measured around the whole process by the caller (``measure``).
+The wall time of the whole process is measured around it by the caller (``measure``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOOPS = ("lightning", "runner")
 SPLITS = ("train", "val", "test")
+MARKED = ("wall_s", "cpu_s")  # the clocks of an epoch mark that give a per-step time
 
 
 def data_options(data_root: str) -> list[str]:
@@ -89,48 +92,77 @@ def _last_loss_runner(work_dir: str) -> float | None:
     return losses[-1] if losses else None
 
 
-def _train_lightning(config: str, work_dir: str, epochs: int, options: list[str]):
-    """``tools/train.py CONFIG --work-dir W --cfg-options ...`` as its command line runs it; returns a function
-    that gives the optimizer steps done, read from the ``last.ckpt`` it wrote (called once the peak memory is
-    taken: loading the checkpoint is the measurement's, not the loop's)."""
-    from tasks.training.checkpoint_io import load_checkpoint_safely
+def mark(epoch: int, steps: int) -> dict:
+    """One epoch's end: the epoch count, the optimizer steps done, and this process's wall clock
+    (``perf_counter``) and CPU time (user + system) in seconds."""
+    return {"epoch": epoch, "steps": steps, "wall_s": time.perf_counter(), "cpu_s": time.process_time()}
 
+
+def _train_lightning(config: str, work_dir: str, epochs: int, options: list[str]) -> list[dict]:
+    """``tools/train.py CONFIG --work-dir W --cfg-options ...`` as its command line runs it (its ``cli``), with a
+    callback marking each epoch's end; returns the marks."""
+    import lightning as L
+
+    class EpochMarks(L.Callback):
+        """``mark`` at the end of each training epoch, before the epoch's checkpoint (Lightning runs the
+        checkpoint callbacks last)."""
+
+        def __init__(self):
+            self.marks = []
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            self.marks.append(mark(trainer.current_epoch + 1, trainer.global_step))
+
+    marks = EpochMarks()
     argv = [config, "--work-dir", work_dir, "--cfg-options", *options, *lightning_options(epochs)]
-    sys.argv = [str(ROOT / "tools" / "train.py"), *argv]
-    runpy.run_path(sys.argv[0], run_name="__main__")
-    return lambda: int(load_checkpoint_safely(osp.join(work_dir, "last.ckpt"))["global_step"])
+    tool = runpy.run_path(str(ROOT / "tools" / "train.py"), run_name="train")
+    tool["cli"](argv, callbacks=[marks])
+    return marks.marks
 
 
-def _train_runner(config: str, work_dir: str, epochs: int, options: list[str]):
-    """``Runner.from_cfg(runner_config(cfg)).train()`` with our backbones registered; returns a function that
-    gives the steps done."""
+def _train_runner(config: str, work_dir: str, epochs: int, options: list[str]) -> list[dict]:
+    """``Runner.from_cfg(runner_config(cfg)).train()`` with our backbones registered and a hook marking each
+    epoch's end; returns the marks."""
+    from mmengine.hooks import Hook
     from mmengine.runner import Runner
 
     import backbones  # noqa: F401  (registers STViT / HAT-Net in mmdet's and mmseg's MODELS)
     from tasks.config import load_config, parse_cfg_options
 
+    class RunnerEpochMarks(Hook):
+        """``mark`` after each training epoch, before the checkpoint hook (priority LOW, the CheckpointHook's
+        VERY_LOW): where Lightning's mark falls too, so neither loop counts its final checkpoint."""
+
+        def __init__(self):
+            self.marks = []
+
+        def after_train_epoch(self, runner):
+            self.marks.append(mark(runner.epoch + 1, runner.iter))  # the loop counts the epoch after the hooks
+
     cfg = load_config(config, parse_cfg_options(options))
     runner = Runner.from_cfg(runner_config(cfg, work_dir, epochs))
+    marks = RunnerEpochMarks()
+    runner.register_hook(marks, priority="LOW")
     runner.train()
-    steps = runner.iter
-    return lambda: steps
+    return marks.marks
 
 
 def run_loop(argv: list[str]) -> dict:
     """The body of ``python -m perf.loop LOOP OUT.json CONFIG WORK_DIR EPOCHS [KEY=VALUE ...]``: train, then
-    write to OUT.json this process's peak memory (GiB), CPU time (s), steps done and last logged loss."""
+    write to OUT.json this process's peak memory (GiB), CPU time (s), steps done, last logged loss and the
+    marks of each epoch's end (``mark``)."""
     from perf.memory import peak_rss_gib
 
     loop, out, config, work_dir, epochs, *options = argv
     train = {"lightning": _train_lightning, "runner": _train_runner}[loop]
-    steps_done = train(config, work_dir, int(epochs), options)
+    marks = train(config, work_dir, int(epochs), options)
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    peak = peak_rss_gib()  # before anything this measurement reads
     result = {
-        "peak_gib": peak,
+        "peak_gib": peak_rss_gib(),
         "cpu_s": usage.ru_utime + usage.ru_stime,
-        "steps": steps_done(),
+        "steps": marks[-1]["steps"] if marks else 0,
         "last_loss": (_last_loss_lightning if loop == "lightning" else _last_loss_runner)(work_dir),
+        "marks": marks,
     }
     from backbones.atomic import atomic_write
 
@@ -158,11 +190,20 @@ def measure(loop: str, config: str, work_dir: str, epochs: int, threads: int, op
         return {"loop": loop, "epochs": epochs, "wall_s": wall, **json.load(f)}
 
 
-def slope(short: dict, long: dict, key: str) -> float:
-    """Seconds per optimizer step between a short and a long run of one loop (start-up cancels)."""
+def slope(run: dict, epochs: tuple[int, int], key: str) -> float:
+    """Seconds per optimizer step of one run between its marks after ``epochs`` = (short, long) epochs
+    (``key``: ``wall_s`` or ``cpu_s``); start-up and the first epochs lie before both marks and cancel."""
+    at = {m["epoch"]: m for m in run["marks"]}
+    missing = [n for n in epochs if n not in at]
+    if missing:
+        raise ValueError(f"the {run['loop']} run marked epochs {sorted(at)}, not {missing}: did it stop early?")
+    short, long = at[epochs[0]], at[epochs[1]]
     steps = long["steps"] - short["steps"]
     if steps <= 0:
-        raise ValueError(f"the long run did {long['steps']} steps, the short one {short['steps']}: nothing to compare")
+        raise ValueError(
+            f"the {run['loop']} run did {long['steps']} steps after {epochs[1]} epochs, {short['steps']} after "
+            f"{epochs[0]}: nothing to compare"
+        )
     return (long[key] - short[key]) / steps
 
 
@@ -178,20 +219,21 @@ def compare(
     seed_per_round: bool = True,
     log=print,
 ) -> dict:
-    """``rounds`` rounds of (short, long) runs of both loops, alternating which loop goes first, after
-    ``warmup`` unmeasured short runs of each loop.
+    """``rounds`` rounds of one run of each loop for the long number of epochs, alternating which loop goes
+    first, after ``warmup`` unmeasured short runs of each loop.
 
     Args:
         config: the config both loops train (its ``*_dataloader.dataset.data_root`` set to ``data_root``).
         data_root: the dataset folder (e.g. ``data/tiny_coco``).
         work_root: where each run's work dir goes (``ROUND_LOOP_EPOCHS``).
-        epochs: the (short, long) numbers of epochs.
+        epochs: the (short, long) numbers of epochs: each run trains the long one, and the time per step is the
+            slope between its marks after the short and after the long number of epochs.
         rounds: how many rounds.
         threads: ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` of every run.
         cfg_options: more ``KEY=VALUE`` config overrides for both loops (after the data root's).
-        warmup: short runs of each loop before the first round, not counted: the first process after an
-            install or a reboot compiles bytecode and reads the libraries from disk, which made round 0's
-            first run seconds slower than the same run later and skewed that round's slope.
+        warmup: short runs of each loop before the first round, not counted: the first process after an install
+            or a reboot compiles bytecode and reads the libraries from disk, which made round 0's first run
+            seconds slower than the same run later.
         seed_per_round: round ``r`` trains both loops with ``randomness.seed=r`` (before ``cfg_options``, which
             may fix it). One seed gives both loops the same batches (mmengine's ``DefaultSampler`` and our
             ``ResumableSampler`` both shuffle by ``randperm(seed + epoch)``) but not the same random draws
@@ -200,8 +242,8 @@ def compare(
             they cannot show in the spread; a seed per round lets them.
         log: called with one line per finished run.
 
-    Returns a report: every run, each loop's per-step wall and CPU time per round, and per round the ratios
-    lightning / runner of the per-step wall time, per-step CPU time and peak memory (of the long runs).
+    Returns a report: every run (with its epoch marks), each loop's per-step wall and CPU time per round, and per
+    round the ratios lightning / runner of the per-step wall time, per-step CPU time and peak memory.
     """
     data = data_options(osp.abspath(data_root))
     runs: dict = {loop: [] for loop in LOOPS}
@@ -215,24 +257,19 @@ def compare(
     for r in range(rounds):
         order = LOOPS if r % 2 == 0 else LOOPS[::-1]
         seed = [f"randomness.seed={r}"] if seed_per_round else []
-        round_options = [*data, *seed, *cfg_options]
-        for n in epochs:
-            for loop in order:
-                work_dir = osp.abspath(osp.join(work_root, f"{r}_{loop}_{n}"))
-                res = measure(loop, config, work_dir, n, threads, round_options)
-                runs[loop].append({"round": r, **res})
-                log(
-                    f"round {r} {loop:9s} {n} epochs: {res['steps']} steps, {res['wall_s']:.1f} s wall, "
-                    f"{res['cpu_s']:.1f} s CPU, peak {res['peak_gib']:.2f} GiB, last loss {res['last_loss']}"
-                )
-    per_step = {
-        key: {loop: [slope(*runs[loop][2 * r : 2 * r + 2], key) for r in range(rounds)] for loop in LOOPS}
-        for key in ("wall_s", "cpu_s")
-    }
+        for loop in order:
+            work_dir = osp.abspath(osp.join(work_root, f"{r}_{loop}_{epochs[1]}"))
+            res = measure(loop, config, work_dir, epochs[1], threads, [*data, *seed, *cfg_options])
+            runs[loop].append({"round": r, **res})
+            log(
+                f"round {r} {loop:9s} {epochs[1]} epochs: {res['steps']} steps, {res['wall_s']:.1f} s wall, "
+                f"{res['cpu_s']:.1f} s CPU, peak {res['peak_gib']:.2f} GiB, last loss {res['last_loss']}"
+            )
+    per_step = {key: {loop: [slope(run, epochs, key) for run in runs[loop]] for loop in LOOPS} for key in MARKED}
     ratios = {
         "time": [a / b for a, b in zip(per_step["wall_s"]["lightning"], per_step["wall_s"]["runner"])],
         "cpu_time": [a / b for a, b in zip(per_step["cpu_s"]["lightning"], per_step["cpu_s"]["runner"])],
-        "peak_memory": [a["peak_gib"] / b["peak_gib"] for a, b in zip(runs["lightning"][1::2], runs["runner"][1::2])],
+        "peak_memory": [a["peak_gib"] / b["peak_gib"] for a, b in zip(runs["lightning"], runs["runner"])],
     }
     return {
         "config": config,

@@ -48,7 +48,7 @@ def test_compare_times_every_baseline_and_counts_the_model_math():
 
 
 def test_peak_memory_is_measured_in_a_child_process():
-    peak = peak_memory_gib("ours", _setting(size=(64, 64)))
+    peak = peak_memory_gib("ours", _setting(arch="shrunk", size=(64, 64)))  # the child's work is not the test
     assert 0.1 < peak < 24
 
 

@@ -19,6 +19,7 @@ from tasks.config import load_config
 from tasks.config_keys import SECTIONS, _scheduler_args, check_keys, keys_of, markdown
 from tasks.training.compile import compile_options
 from tasks.training.trainer import trainer_kwargs
+from tests._runs import seg_opts
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 
 MM_BASES = sorted(
@@ -134,9 +135,7 @@ class _Losses(L.Callback):
 
 @pytest.mark.slow
 def test_compiled_training_matches_the_eager_run(data_opts, tmp_path):
-    opts = data_opts(
-        "tiny_ade20k", "trainer.max_steps=2", "trainer.limit_val_batches=0", "checkpoint_callback.monitor=None"
-    )
+    opts = seg_opts(data_opts, "trainer.max_steps=2")  # 64 px crops: the steps are cheap, the compile is the test
     runs = {}
     with backbones.fast_paths(True):  # compiling switches them off for the process: restored on the way out
         for name, extra in (("eager", []), ("compiled", ["compile.backend=aot_eager"])):

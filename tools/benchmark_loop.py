@@ -5,12 +5,12 @@
                                    [--warmup 1] [--same-seed] [--threads N] [--cfg-options KEY=VALUE ...]
                                    [--work-dir DIR] [--json OUT]
 
-Trains CONFIG (default: the demo detection config) for a short and a long number of epochs under both
-loops, each run a whole process, the two loops alternating which goes first from round to round. Prints
-every run, then per loop the time per optimizer step (the slope between the short and long runs, so that
-start-up cancels; wall and CPU time) and the peak memory, and the lightning / runner ratios per round
-(median, min .. max). What both loops are made to do alike is in perf/loop.py; docs/performance.md has
-the figures. The data is written by ``python tools/make_tiny_data.py --out data``.
+Trains CONFIG (default: the demo detection config) for the long number of epochs under both loops, each
+run a whole process that marks the end of every epoch, the two loops alternating which goes first from round
+to round. Prints every run, then per loop the time per optimizer step (the slope between the marks after the
+short and the long number of epochs, so that start-up cancels; wall and CPU time) and the peak memory, and the
+lightning / runner ratios per round (median, min .. max). What both loops are made to do alike is in
+perf/loop.py; docs/performance.md has the figures. The data is written by ``python tools/make_tiny_data.py --out data``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", nargs="?", default=DEMO_CFG, help="the config both loops train (default: the demo's)")
     p.add_argument("--data", default="data/tiny_coco", help="dataset folder for every dataloader section")
-    p.add_argument("--epochs", nargs=2, type=int, default=(1, 4), metavar=("SHORT", "LONG"), help="default 1 4")
-    p.add_argument("--rounds", type=int, default=3, help="rounds of the four runs, default 3")
+    p.add_argument(
+        "--epochs",
+        nargs=2,
+        type=int,
+        default=(1, 4),
+        metavar=("SHORT", "LONG"),
+        help="the per-step time is measured between the ends of these epochs, default 1 4",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="rounds of one run of each loop, default 3")
     p.add_argument(
         "--same-seed",
         action="store_true",
@@ -78,10 +85,10 @@ def main(argv=None) -> dict:
             seed_per_round=not args.same_seed,
         )
     for loop in LOOPS:
-        peaks = [r["peak_gib"] for r in report["runs"][loop][1::2]]
+        peaks = [r["peak_gib"] for r in report["runs"][loop]]
         print(
             f"{loop:9s} per step: wall {spread(report['per_step_s'][loop], 3)} s, "
-            f"CPU {spread(report['per_step_cpu_s'][loop], 3)} s; peak (long runs) {spread(peaks)} GiB"
+            f"CPU {spread(report['per_step_cpu_s'][loop], 3)} s; peak {spread(peaks)} GiB"
         )
     ratios = report["ratios"]
     print(
