@@ -134,26 +134,6 @@ def wait_for(path, procs=()) -> str:
         return f.read()
 
 
-def kill_and_resume(args, work, pause, pause_at):
-    """The one-process training job ``args`` (its work dir ``work``, ``--resume auto``) SIGKILLed (its process
-    group, as a scheduler kills it) while it waits at the end of step ``pause_at`` (tests/_train_driver.py, pause
-    folder ``pause``), then the same command again. Returns the last.ckpt that the kill left and the resumed run's
-    final one."""
-    os.makedirs(pause)
-    proc = start(args, PAUSE_AT_STEP=str(pause_at), PAUSE_DIR=str(pause))
-    wait_for(os.path.join(pause, "paused_rank0"), [proc])
-    saved = load_ckpt(os.path.join(work, "last.ckpt"))
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    open(os.path.join(pause, "go"), "w").close()
-
-    (log,) = finish([start(args)])
-    assert f"--resume auto: resuming from {os.path.join(work, 'last.ckpt')}" in log, log[-4000:]
-    assert [p for p in os.listdir(work) if p.endswith(".tmp")] == []
-    return saved, load_ckpt(os.path.join(work, "last.ckpt"))
-
-
 def run_here(tool: str, argv: list, environ: dict | None = None, **kwargs) -> dict:
     """``tools/<tool>.py``'s ``main(argv, **kwargs)`` in this process with one thread, as each child of ``env()``
     runs: the same float sums, so its checkpoints and metrics equal a child's bit for bit, without a child's seconds
@@ -202,10 +182,11 @@ def run_job_here(args, envs, record=None, expect=0) -> tuple:
 
 
 def kill_and_resume_here(args, work, pause, pause_at):
-    """``kill_and_resume`` with the same command resumed in this process (``run_here``, one thread, bit-identical
-    to a child) instead of a second child: the same SIGKILL of the job's process group at the end of step
-    ``pause_at``, the same checks of what it left (the resume message, no temp file). Returns the last.ckpt that
-    the kill left and the resumed run's final one."""
+    """The one-process training job ``args`` (its work dir ``work``, ``--resume auto``) SIGKILLed (its process
+    group, as a scheduler kills it) while it waits at the end of step ``pause_at`` (tests/_train_driver.py, pause
+    folder ``pause``), then the same command again in this process (``run_here``: one thread, bit-identical to a
+    child, without a child's imports), checking what the kill left (the resume message, no temp file). Returns
+    the last.ckpt that the kill left and the resumed run's final one."""
     import logging
 
     os.makedirs(pause)
