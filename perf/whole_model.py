@@ -138,10 +138,14 @@ def build_subject(name: str, config: str, size, device: str, cfg_options=None, d
 
     from tasks import build_task
     from tasks.config import load_config
+    from tasks.quiet import quiet_mm_console
     from tasks.training.optim import build_optimizer
 
-    # a new current logger at WARNING: mmengine's optimizer builder reports every parameter's options at INFO
-    MMLogger.get_instance(f"perf.whole_model.{next(_LOGGERS)}", log_level="WARNING")
+    # a new current logger at WARNING: mmengine's optimizer builder reports every parameter's options at INFO,
+    # and without its frozen-parameter notes (HAT-Net's non-affine attention norms), as training does
+    logger = MMLogger.get_instance(f"perf.whole_model.{next(_LOGGERS)}", log_level="WARNING")
+    for handler in logger.handlers:
+        quiet_mm_console(handler)
 
     cfg = load_config(config, cfg_options)
     if data_from is not None:
