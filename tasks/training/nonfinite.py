@@ -191,17 +191,12 @@ class _Step:
         return bool(flag.item())
 
     def skip(self, log_vars: Mapping, where: str, parameters: Iterator[nn.Parameter]) -> torch.Tensor:
-        """Under 'raise': a ``FloatingPointError`` naming ``where`` and the non-finite terms of ``log_vars``.
-        Under 'skip': restore the buffers, count and warn, mark the optimizer step to be skipped, and return a
-        zero loss that reaches every trainable parameter (its backward gives each a zero gradient on every rank,
-        which DDP all-reduces as usual, whatever the non-finite activations held)."""
+        """'skip' mode's skipped step (``finish`` calls it; 'raise' never skips): restore the buffers, count and
+        warn, mark the optimizer step to be skipped, and return a zero loss that reaches every trainable
+        parameter (its backward gives each a zero gradient on every rank, which DDP all-reduces as usual, whatever
+        the non-finite activations held)."""
         vals = _terms(log_vars)
         policy = self.policy
-        if policy.mode == "raise":
-            raise FloatingPointError(
-                f"non-finite loss at {where}: {_describe(vals)} (all terms: "
-                f"{', '.join(f'{k}={v:.4g}' for k, v in vals.items())}). {_ADVICE}"
-            )
         with torch.no_grad():
             for b, before in zip(self.model.buffers(), self.buffers or [], strict=True):
                 b.copy_(before)
