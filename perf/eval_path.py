@@ -215,6 +215,7 @@ def measure_validation(
         f"val_dataloader.dataset.data_root={coco}",
         f"trainer.max_epochs={epochs}",
         "trainer.check_val_every_n_epoch=1",
+        "trainer.log_every_n_steps=1",  # epochs of one step: Lightning warns about a longer interval
         "trainer.enable_progress_bar=False",
     ]
     out_dir = osp.join(work, "train_val")
