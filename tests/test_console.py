@@ -3,6 +3,9 @@
 
 import json
 import logging
+import sys
+
+import pytest
 
 from tasks.training.summary import ParamsSummary
 from tests._tools import load_tool, warnings_as_errors
@@ -44,3 +47,18 @@ def test_the_training_summary_lists_parameters_without_a_flops_column():
         logger.removeHandler(handler)
     text = records[0].getMessage()
     assert "MaskRCNN" in text and "2.9 M" in text and "FLOPs" not in text
+
+
+def test_the_demo_runs_each_step_in_its_process_and_names_a_failing_one(tmp_path, capsys):
+    # tools/demo.py prints each step's command and runs the script as __main__ in its own process (no fresh
+    # interpreter importing torch, Lightning and mm again): the script's output reaches this process's stdout
+    demo, argv = load_tool("demo"), list(sys.argv)
+    sizes = ["--coco-train", "1", "--coco-val", "1", "--ade-train", "1", "--ade-val", "1"]
+    demo.run("tools/make_tiny_data.py", ["--out", str(tmp_path), *sizes])
+    out = capsys.readouterr().out
+    assert out.startswith(f"+ {sys.executable} tools/make_tiny_data.py --out {tmp_path} ")
+    assert f"written to {tmp_path / 'tiny_coco'}" in out and (tmp_path / "tiny_ade20k").is_dir()
+    with pytest.raises(SystemExit, match=r"demo: tools/plot_curves.py failed \(exit status 2\)"):
+        demo.run("tools/plot_curves.py", [str(tmp_path)])  # neither --out nor --train-time: a usage error
+    assert "give --out" in capsys.readouterr().err
+    assert sys.argv == argv

@@ -6,17 +6,21 @@ where everything is.
     python tools/demo.py [--work-dir work_dirs/demo] [--data data] [--cfg-options KEY=VALUE ...]
 
 Each step is the same command a user would type (tools/make_tiny_data.py, tools/train.py, tools/test.py,
-tools/visualize_attention.py).
+tools/visualize_attention.py, tools/plot_curves.py), printed before it runs. The steps run in this process, one
+after the other, as the scripts' own ``__main__``: each fresh interpreter would import torch, Lightning and the
+mm packages again (about 10 s of CPU on a 2-core machine). Relative paths are taken from the repository root.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import os
 import sys
 import time
 from pathlib import Path
+
+from tasks.evaluation.analysis import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = [  # (name, config, metric that the demo must reach, threshold)
@@ -27,9 +31,14 @@ RUNS = [  # (name, config, metric that the demo must reach, threshold)
 VAL_IMAGES = {"mask-rcnn": "val2017", "upernet": "images/validation"}  # where the attention maps' image comes from
 
 
-def run(cmd: list[str]) -> None:
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=ROOT, check=True)
+def run(script: str, args: list[str]) -> None:
+    """``python SCRIPT ARGS`` in this process; a failing step stops the demo naming it."""
+    print("+", sys.executable, script, *args, flush=True)
+    try:
+        run_script(str(ROOT / script), args)
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise SystemExit(f"demo: {script} failed (exit status {e.code}); its output is above") from None
 
 
 def main(argv=None) -> int:
@@ -38,10 +47,10 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default="data")
     parser.add_argument("--cfg-options", nargs="+", default=[], help="passed to both train and test")
     args = parser.parse_args(argv)
-    py, work = sys.executable, Path(args.work_dir)
-    data = Path(args.data)
+    os.chdir(ROOT)  # the relative paths below and in the configs are the repository's
+    work, data = Path(args.work_dir), Path(args.data)
     if not (data / "tiny_coco").is_dir() or not (data / "tiny_ade20k").is_dir():
-        run([py, "tools/make_tiny_data.py", "--out", str(data)])
+        run("tools/make_tiny_data.py", ["--out", str(data)])
     roots = {"mask-rcnn": data / "tiny_coco", "upernet": data / "tiny_ade20k"}
     summary, ok = [], True
     for name, config, key, threshold in RUNS:
@@ -51,12 +60,11 @@ def main(argv=None) -> int:
         options = [f"{split}_dataloader.dataset.data_root={root}" for split in ("train", "val", "test")]
         options += args.cfg_options
         t0 = time.time()
-        run([py, "tools/train.py", config, "--work-dir", str(run_dir), "--cfg-options", *options])
+        run("tools/train.py", [config, "--work-dir", str(run_dir), "--cfg-options", *options])
         train_s = time.time() - t0
         run(
+            "tools/test.py",
             [
-                py,
-                "tools/test.py",
                 config,
                 str(run_dir / "last.ckpt"),
                 "--work-dir",
@@ -67,13 +75,12 @@ def main(argv=None) -> int:
                 str(run_dir / "vis"),
                 "--cfg-options",
                 *options,
-            ]
+            ],
         )
         image = sorted((roots[stem.split("_")[0]] / VAL_IMAGES[stem.split("_")[0]]).glob("*.jpg"))[0]
         run(
+            "tools/visualize_attention.py",
             [
-                py,
-                "tools/visualize_attention.py",
                 config,
                 str(run_dir / "last.ckpt"),
                 str(image),
@@ -81,9 +88,9 @@ def main(argv=None) -> int:
                 str(run_dir / "attention"),
                 "--cfg-options",
                 *options,
-            ]
+            ],
         )
-        run([py, "tools/plot_curves.py", str(run_dir), "--out", str(run_dir / "training_curves.png")])
+        run("tools/plot_curves.py", [str(run_dir), "--out", str(run_dir / "training_curves.png")])
         metrics = json.loads((run_dir / "test_metrics.json").read_text())
         passed = metrics.get(key, 0.0) >= threshold
         ok &= passed
