@@ -1,8 +1,10 @@
 """What a normal run prints: the metric tables, the model summary and where the outputs went; no Python warning
 (the session's training runs of tests/conftest.py already run with warnings as errors), no library chatter."""
 
+import ctypes
 import json
 import logging
+import os
 import sys
 
 import pytest
@@ -62,3 +64,27 @@ def test_the_demo_runs_each_step_in_its_process_and_names_a_failing_one(tmp_path
         demo.run("tools/plot_curves.py", [str(tmp_path)])  # neither --out nor --train-time: a usage error
     assert "give --out" in capsys.readouterr().err
     assert sys.argv == argv
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks")]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
+def test_the_demo_serves_step_sized_blocks_from_the_heap():
+    # a 40 MB block (the size of the segmentation demo's loss maps) is a fresh mmap by default and comes from the
+    # heap after keep_freed_memory(); in a forked child, whose malloc settings end with it
+    demo, libc = load_tool("demo"), ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _Mallinfo2
+    pid = os.fork()
+    if pid == 0:
+        mapped = []
+        for keep in (False, True):
+            if keep:
+                demo.keep_freed_memory()
+            before = libc.mallinfo2().hblks
+            block = bytearray(40 << 20)
+            mapped.append(libc.mallinfo2().hblks - before)
+            del block
+        os._exit(0 if mapped == [1, 0] else 1)
+    assert os.waitpid(pid, 0)[1] == 0
