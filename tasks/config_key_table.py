@@ -25,8 +25,9 @@ class Key:
 
     Attributes:
         name: the key (``'*'``: every other argument of the entry's class).
-        section: ``''`` (top level), ``'train_cfg'``, ``'default_hooks'``, ``'env_cfg'``, ``'optim_wrapper'``,
-            ``'param_scheduler'`` (each entry's keys) or ``'*'`` (every section).
+        section: ``''`` (top level), ``'train_cfg'``, ``'default_hooks'``, ``'env_cfg'``, ``'randomness'``,
+            ``'auto_scale_lr'``, ``'optim_wrapper'``, ``'param_scheduler'`` (each entry's keys) or ``'*'`` (every
+            section).
         status: ``HONOURED``, ``REFUSED``, ``IGNORED`` or ``VARIABLE``.
         note: what it maps to (honoured), the alternative (refused), why (ignored), what reads it (variable).
         quiet: for refused / ignored keys, the values that pass silently (a tuple of values, ``ANY`` or a
@@ -93,7 +94,12 @@ KEYS: tuple[Key, ...] = (
     Key("test_evaluator", "", HONOURED, "the same for `tools/test.py`"),
     Key("optim_wrapper", "", HONOURED, "the optimizer, built by mmengine's `build_optim_wrapper` (keys below)"),
     Key("param_scheduler", "", HONOURED, "mmengine's schedulers, stepped by Lightning (keys below)"),
-    Key("auto_scale_lr", "", HONOURED, "`tools/train.py --auto-scale-lr` (or `enable=True`): the linear lr rule"),
+    Key(
+        "auto_scale_lr",
+        "",
+        HONOURED,
+        "`tools/train.py --auto-scale-lr` (or `enable=True`): the linear lr rule (keys below)",
+    ),
     Key("default_hooks", "", HONOURED, "per hook, below"),
     Key("custom_hooks", "", HONOURED, "an `EMAHook` keeps the averaged weights; other hook types are refused"),
     Key("env_cfg", "", HONOURED, "per key, below"),
@@ -108,7 +114,7 @@ KEYS: tuple[Key, ...] = (
         (False, None),
     ),
     Key("work_dir", "", HONOURED, "the work dir when `--work-dir` is not given"),
-    Key("randomness", "", HONOURED, "`seed`: the data order and augmentation seed and `seed_everything`"),
+    Key("randomness", "", HONOURED, "per key, below"),
     Key("tta_model", "", HONOURED, "`tools/test.py --tta` wraps the model in it"),
     Key("visualizer", "", HONOURED, "`tools/infer.py` draws with it (mm's inferencers)"),
     Key("log_level", "", IGNORED, "mm's INFO reports go to `WORK_DIR/mm.log`, warnings to the console", ("INFO",)),
@@ -223,6 +229,30 @@ KEYS: tuple[Key, ...] = (
         "the backend and timeout are `trainer.strategy=dict(type='ddp', process_group_backend=..., timeout=SECONDS)`",
         ({"backend": "nccl"},),
     ),
+    # ---- randomness ---------------------------------------------------------------------------------------
+    Key(
+        "seed",
+        "randomness",
+        HONOURED,
+        "the data order and augmentation seed and `seed_everything` (absent or None: 0, not mm's random seed)",
+    ),
+    Key(
+        "deterministic",
+        "randomness",
+        HONOURED,
+        "`trainer.deterministic` unless the trainer section sets it (and, as in mm, no `env_cfg.cudnn_benchmark`)",
+    ),
+    Key(
+        "diff_rank_seed",
+        "randomness",
+        IGNORED,
+        "every sample's augmentation is seeded by (seed, epoch, index) and each rank loads its own samples, so "
+        "the ranks already draw differently; the model starts from the same weights on every rank",
+        (False,),
+    ),
+    # ---- auto_scale_lr ------------------------------------------------------------------------------------
+    Key("enable", "auto_scale_lr", HONOURED, "scale the lr (also `tools/train.py --auto-scale-lr`)"),
+    Key("base_batch_size", "auto_scale_lr", HONOURED, "the total batch size the config's lr was set for"),
     # ---- optim_wrapper ------------------------------------------------------------------------------------
     Key(
         "type",

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 
 from .config_key_table import ANY, HONOURED, IGNORED, KEYS, REFUSED, VARIABLE, Key
 
-SECTIONS = ("train_cfg", "default_hooks", "env_cfg", "optim_wrapper", "param_scheduler")
+SECTIONS = ("train_cfg", "default_hooks", "env_cfg", "randomness", "auto_scale_lr", "optim_wrapper", "param_scheduler")
 STATUSES = (HONOURED, REFUSED, IGNORED, VARIABLE)
 # torch.optim.lr_scheduler / mmengine scheduler arguments every entry may not repeat: the optimizer is ours.
 _NOT_SCHEDULER_ARGS = {"self", "optimizer", "param_name", "args", "kwargs"}
@@ -167,7 +167,8 @@ def markdown() -> str:
         "Any other top-level key stops the run, naming the key, the file and the closest valid keys (a misspelt "
         "`optim_wraper` would otherwise be read by nothing). Your own config variables start with one "
         "underscore (`_my_scale = (1333, 800)`): mmengine keeps them, the check passes them. Unknown keys inside "
-        "`train_cfg`, `default_hooks`, `env_cfg`, `optim_wrapper` and each `param_scheduler` entry (against the "
+        "`train_cfg`, `default_hooks`, `env_cfg`, `randomness`, `auto_scale_lr`, `optim_wrapper` and each "
+        "`param_scheduler` entry (against the "
         "scheduler class's arguments) stop the run too. The table is `tasks/config_key_table.py`; this page is "
         "its rendering (`python -m tasks.config_keys --markdown`).",
     ]

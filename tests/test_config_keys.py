@@ -116,6 +116,29 @@ def test_ignored_keys_log_one_line_only_when_set_away_from_mms_defaults(log_line
     assert "default_hooks.checkpoint is ignored" in log_lines[1] and "save_top_k" in log_lines[1]
 
 
+def test_randomness_keys_are_honoured_or_refused(log_lines):
+    # mm's `randomness.deterministic` is Lightning's `deterministic` (and wins over env_cfg.cudnn_benchmark, as in
+    # mmengine's Runner); a misspelt key inside `randomness` or `auto_scale_lr` stops the run like any other
+    kwargs = trainer_kwargs(load_config(SEG_CFG, {"randomness.deterministic": True}))
+    assert kwargs["deterministic"] is True and "benchmark" not in kwargs
+    assert (
+        trainer_kwargs(load_config(SEG_CFG, {"randomness.deterministic": True, "trainer.deterministic": False}))[
+            "deterministic"
+        ]
+        is False
+    )  # the trainer section wins
+    assert "deterministic" not in trainer_kwargs(load_config(SEG_CFG))
+    with pytest.raises(
+        ValueError, match=r"unknown config key randomness\.'deterministc'.*Did you mean 'deterministic'"
+    ):
+        load_config(SEG_CFG, {"randomness.deterministc": True})
+    with pytest.raises(ValueError, match=r"unknown config key auto_scale_lr\.'base_batch_siz'.*'base_batch_size'"):
+        load_config(SEG_CFG, {"auto_scale_lr.base_batch_siz": 16})
+    assert log_lines == []
+    load_config(SEG_CFG, {"randomness.diff_rank_seed": True})
+    assert len(log_lines) == 1 and "randomness.diff_rank_seed is ignored: " in log_lines[0]
+
+
 def test_bad_compile_values_are_refused():
     with pytest.raises(ValueError, match=r"unknown torch.compile argument\(s\) \['bakend'\]. Valid: fullgraph"):
         compile_options(dict(bakend="aot_eager"))

@@ -4,7 +4,8 @@
 listing the valid ones). Defaults come from the mm sections when the trainer section is silent:
 ``train_cfg`` (epochs / iterations, validation interval), ``optim_wrapper.clip_grad`` (gradient
 clipping), ``optim_wrapper.accumulative_counts`` (gradient accumulation), ``optim_wrapper.type='AmpOptimWrapper'``
-(precision), ``default_hooks.logger.interval`` and ``env_cfg.cudnn_benchmark`` (docs/config_keys.md).
+(precision), ``randomness.deterministic``, ``default_hooks.logger.interval`` and ``env_cfg.cudnn_benchmark``
+(docs/config_keys.md).
 ``loggers = [dict(type=...), ...]`` holds Lightning logger classes (experiment trackers: tasks/training/trackers.py).
 
 Gradient accumulation (``optim_wrapper.accumulative_counts = N``, mm's key, or ``trainer.accumulate_grad_batches
@@ -113,9 +114,13 @@ def _accumulation(kwargs: dict, optim_cfg: dict) -> int:
 
 def _mm_defaults(cfg: Config, kwargs: dict, optim_cfg: dict) -> None:
     """Trainer arguments that mm sections imply when the trainer section is silent (docs/config_keys.md):
-    ``default_hooks.logger.interval`` -> ``log_every_n_steps``, ``env_cfg.cudnn_benchmark`` -> ``benchmark``,
+    ``randomness.deterministic`` -> ``deterministic``, ``default_hooks.logger.interval`` -> ``log_every_n_steps``,
+    ``env_cfg.cudnn_benchmark`` -> ``benchmark`` (not with ``deterministic``, as in mmengine's Runner),
     ``optim_wrapper.type='AmpOptimWrapper'`` -> ``precision`` (``bf16-mixed`` for ``dtype='bfloat16'``, else
     ``16-mixed``, whose loss scaling is dynamic like mm's default)."""
+    deterministic = (cfg.get("randomness") or {}).get("deterministic")
+    if deterministic is not None:
+        kwargs.setdefault("deterministic", bool(deterministic))
     interval = ((cfg.get("default_hooks") or {}).get("logger") or {}).get("interval")
     if interval is not None:
         kwargs.setdefault("log_every_n_steps", interval)
