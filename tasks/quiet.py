@@ -7,8 +7,10 @@ config or builds a trainer. Our own warnings are fixed at their cause, never fil
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 
 # (message regex matched at the start, category, emitting module regex, why it does not concern a user)
 WARNING_FILTERS: tuple[tuple[str, type[Warning], str, str], ...] = (
@@ -79,6 +81,32 @@ class _DropFrozenParameterNotes(logging.Filter):
 
 
 _FROZEN = _DropFrozenParameterNotes()
+
+
+class _DropMetricPrefixNotes(logging.Filter):
+    """mmengine's ``BaseMetric`` logs a WARNING whenever a metric class without a default prefix is built without
+    ``prefix`` (mmseg's ``IoUMetric``, as mmseg's own configs build it): its names are then mmseg's own (``mIoU``,
+    ``mDice``), which is what the config asked for."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("The prefix is not set in metric class")
+
+
+_PREFIX = _DropMetricPrefixNotes()
+
+
+@contextlib.contextmanager
+def no_metric_prefix_notes() -> Iterator[None]:
+    """Build mm's metric classes inside this without the note above (dropped on mmengine's current logger, where
+    ``BaseMetric`` logs it; any other message still prints)."""
+    from mmengine.logging import MMLogger
+
+    logger = MMLogger.get_current_instance()
+    logger.addFilter(_PREFIX)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_PREFIX)
 
 
 def quiet_mm_console(handler: logging.Handler) -> None:

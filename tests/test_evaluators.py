@@ -143,3 +143,25 @@ def test_monitor_that_no_metric_produces_fails_before_training(det_run, tmp_path
     run = det_run._replace(ckpt=str(work / "last.ckpt"))
     tested, _, _ = _test_tool(run, tmp_path / "test", "test_evaluator.classwise=True")
     assert tested == pytest.approx(metrics, abs=0, nan_ok=True)
+
+
+def test_mm_metrics_build_without_console_warnings():
+    # mmseg's IoUMetric has no default prefix, for which mmengine's BaseMetric logs a WARNING on the console at
+    # every build: with mmseg's own names (mIoU, mDice...) that is the normal case, not a defect of the config
+    import logging
+
+    from mmengine.logging import MMLogger
+
+    from tasks.evaluation.mm_metric import MMEvaluator
+
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    try:
+        evaluator = MMEvaluator([dict(type="IoUMetric", iou_metrics=["mIoU", "mDice"])], "mmseg", "val_evaluator")
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == []
+    assert evaluator.evaluator.metrics[0].prefix is None  # mmseg's own names: mIoU, not <prefix>/mIoU

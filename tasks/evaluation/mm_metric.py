@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..config import build_from_registry
+from ..quiet import no_metric_prefix_notes
 
 
 def metrics_registry(scope: str):
@@ -56,7 +57,8 @@ class MMEvaluator:
         for cfg in self.configs:
             _refuse_proposal_fast(cfg, key)
         registry = metrics_registry(scope)
-        self.evaluator = Evaluator([build_from_registry(registry, dict(m), what=key) for m in self.configs])
+        with no_metric_prefix_notes():
+            self.evaluator = Evaluator([build_from_registry(registry, dict(m), what=key) for m in self.configs])
         self.registry = registry
         self.size: int | None = None
         self._ann_file: str | None = None
@@ -73,7 +75,8 @@ class MMEvaluator:
             from mmengine.evaluator import Evaluator
 
             configs = [{**c, "ann_file": ann_file} if self._needs_ann_file(c) else c for c in self.configs]
-            self.evaluator = Evaluator([build_from_registry(self.registry, c, self.key) for c in configs])
+            with no_metric_prefix_notes():
+                self.evaluator = Evaluator([build_from_registry(self.registry, c, self.key) for c in configs])
             self._ann_file = ann_file
         self.evaluator.dataset_meta = dict(dataset.metainfo)
 
