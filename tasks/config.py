@@ -21,15 +21,40 @@ from .scopes import SCOPES, register_scope  # noqa: F401 - register_scope: impor
 CFG_OPTIONS_HELP = "override config keys (values parsed as literals)"
 
 
+# A value holding a dict: ``dict(`` anywhere, or ``{`` first (after the brackets of a list / tuple).
+_DICT_VALUE = re.compile(r"dict\s*\(|^[\s\[\(]*\{")
+
+
+class _CfgOptionsAction(DictAction):
+    """mmengine's ``DictAction``, refusing dict values by name: it parses numbers, strings, lists and tuples, and
+    turned ``dict(a=1, b=2)`` into a RecursionError deep inside mmengine, ``dict(a=1)`` into a string and
+    ``{'a': 1}`` into a list of strings, each failing later far from the option."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for option in values:
+            key, _, value = option.partition("=")
+            if _DICT_VALUE.search(value):
+                parser.error(
+                    f"{option_string} {option}: a dict value cannot be given on the command line (mmengine's "
+                    f"--cfg-options parses numbers, strings, lists and tuples); set each of its keys instead, "
+                    f"{key}.KEY=VALUE (e.g. randomness.seed=1 randomness.deterministic=True), or write the "
+                    "dict in a config file of your own whose _base_ is this one"
+                )
+        super().__call__(parser, namespace, values, option_string)
+
+
 def add_cfg_options(parser: argparse.ArgumentParser, help: str = CFG_OPTIONS_HELP) -> None:
     """``--cfg-options KEY=VALUE ...`` on a command line (the tools that read a config): mmengine's
-    ``DictAction`` parses the values to literals; ``load_config`` applies them.
+    ``DictAction`` parses the values to literals (a dict value is refused, naming the dotted keys to set
+    instead); ``load_config`` applies them.
 
     Args:
         parser: the tool's argument parser.
         help: the option's help text.
     """
-    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default={}, metavar="KEY=VALUE", help=help)
+    parser.add_argument(
+        "--cfg-options", nargs="+", action=_CfgOptionsAction, default={}, metavar="KEY=VALUE", help=help
+    )
 
 
 def parse_cfg_options(options: list[str]) -> dict:

@@ -173,3 +173,26 @@ def test_compiled_training_matches_the_eager_run(data_opts, tmp_path):
     assert re.search(
         r"compile = \{'backend': 'aot_eager'\}", (tmp_path / "compiled" / osp.basename(SEG_CFG)).read_text()
     )
+
+
+@pytest.mark.parametrize(
+    "option", ["randomness=dict(seed=1,deterministic=True)", "randomness={'seed':1}", "custom_hooks=[dict(type='X')]"]
+)
+def test_a_dict_value_on_the_command_line_names_the_dotted_keys(option, capsys):
+    # mmengine's DictAction parses numbers, strings, lists and tuples; a dict came out as a RecursionError deep
+    # in mmengine, a string or a list of strings
+    with pytest.raises(SystemExit) as e:
+        load_tool("train").main([SEG_CFG, "--cfg-options", option])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    key = option.partition("=")[0]
+    assert f"--cfg-options {option}: " in err and f"{key}.KEY=VALUE" in err
+
+
+def test_values_with_braces_still_parse():
+    from tasks.config import parse_cfg_options
+
+    assert parse_cfg_options(["checkpoint_callback.filename=best_{epoch}", "x=[1,2]"]) == {
+        "checkpoint_callback.filename": "best_{epoch}",
+        "x": [1, 2],
+    }
