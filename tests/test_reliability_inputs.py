@@ -285,6 +285,18 @@ def test_misspelt_backbone_type_suggests_the_registered_name():
         build_task(load_config(DET_CFG, {"model.backbone.type": "STVit"}))
 
 
+def test_detector_head_classes_other_than_the_datasets_are_an_error(data_opts, tmp_path):
+    # mmdet's NumClassCheckHook: a head with fewer classes than the dataset trains the last ones as background
+    opts = data_opts("tiny_coco", "model.roi_head.bbox_head.num_classes=2", "model.roi_head.mask_head.num_classes=2")
+    with pytest.raises(ValueError) as e:
+        train_tool.main([DET_CFG, "--work-dir", str(tmp_path), "--cfg-options", *opts])
+    message = str(e.value)
+    assert message.startswith("train_dataloader: the dataset has 3 classes ('square', 'disc', 'triangle')")
+    assert "model.roi_head.bbox_head.num_classes=2, model.roi_head.mask_head.num_classes=2" in message
+    assert "rpn_head" not in message and "set them to 3" in message
+    assert not (tmp_path / "last.ckpt").exists()
+
+
 def test_unknown_trainer_key_lists_valid_ones():
     from tasks.config import load_config
     from tasks.training.trainer import trainer_kwargs

@@ -32,6 +32,36 @@ class DetectionModule(MMTaskModule):
             with_masks = getattr(self.model, "with_mask", False)
         return DetectionEvaluator(with_masks=with_masks)
 
+    def check_classes(self, dataset, split: str) -> None:
+        """mmdet's ``NumClassCheckHook`` as an error naming the config keys: every head's ``num_classes`` (the RPN's
+        and the modules the hook skips excepted) must be the number of the dataset's ``metainfo['classes']``. With
+        fewer, mmdet trains the last classes as background without a word.
+
+        Args:
+            dataset: the built mmdet dataset.
+            split: ``'train'``, ``'val'`` or ``'test'``, for the message.
+        """
+        classes = (getattr(dataset, "metainfo", None) or {}).get("classes")
+        if classes is None:
+            return
+        from mmcv.cnn import VGG
+        from mmdet.models.roi_heads.mask_heads import FusedSemanticHead
+
+        wrong = [
+            f"model.{name}.num_classes={module.num_classes}"
+            for name, module in self.model.named_modules()
+            if hasattr(module, "num_classes")
+            and not name.endswith("rpn_head")
+            and not isinstance(module, (VGG, FusedSemanticHead))
+            and module.num_classes != len(classes)
+        ]
+        if wrong:
+            raise ValueError(
+                f"{split}_dataloader: the dataset has {len(classes)} classes {tuple(classes)}, but "
+                f"{', '.join(wrong)}: set them to {len(classes)} (or the dataloaders' dataset.metainfo.classes to "
+                "the classes the heads predict); mmdet would train the extra classes as background"
+            )
+
     def check_tta(self, tta: torch.nn.Module) -> None:
         from mmdet.models import DetTTAModel
 

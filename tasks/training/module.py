@@ -190,6 +190,18 @@ class MMTaskModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         if stage == "fit":  # before the first step, not at the first checkpoint
             check_monitor(self.cfg, self.evaluator, self.scope)
+            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            if datamodule is not None and hasattr(datamodule, "dataset"):
+                self.check_classes(datamodule.dataset("train"), "train")
+
+    def check_classes(self, dataset, split: str) -> None:
+        """Subclasses refuse a model whose heads do not predict the dataset's classes (with a ValueError naming the
+        config keys); called for the train split before the first step and for each evaluated split.
+
+        Args:
+            dataset: the built mm dataset (its ``metainfo['classes']``).
+            split: ``'train'``, ``'val'`` or ``'test'``, for the message.
+        """
 
     def on_validation_epoch_start(self) -> None:
         self._set_class_names("val", self.evaluator)
@@ -202,6 +214,7 @@ class MMTaskModule(L.LightningModule):
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None and hasattr(datamodule, "dataset"):
             dataset = datamodule.dataset(split)
+            self.check_classes(dataset, split)
             if hasattr(evaluator, "set_dataset"):  # mm's metrics: dataset_meta, size (and ann_file)
                 evaluator.set_dataset(dataset)
                 return
