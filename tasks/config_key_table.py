@@ -101,7 +101,13 @@ KEYS: tuple[Key, ...] = (
         "`tools/train.py --auto-scale-lr` (or `enable=True`): the linear lr rule (keys below)",
     ),
     Key("default_hooks", "", HONOURED, "per hook, below"),
-    Key("custom_hooks", "", HONOURED, "an `EMAHook` keeps the averaged weights; other hook types are refused"),
+    Key(
+        "custom_hooks",
+        "",
+        HONOURED,
+        "an `EMAHook` keeps the averaged weights; `NumClassCheckHook`, `SyncNormHook`, `SyncBuffersHook` pass (their "
+        "checks run anyway); other hook types are refused with what to do instead",
+    ),
     Key("env_cfg", "", HONOURED, "per key, below"),
     Key("load_from", "", HONOURED, "whole-model weights loaded before the first step; `--resume` wins"),
     Key(

@@ -3,6 +3,7 @@
 average, validation on it, the exports), resume exactness, and the refusals."""
 
 import copy
+import logging
 
 import lightning as L
 import pytest
@@ -180,6 +181,33 @@ def test_refused_hooks_name_the_problem(hooks, message):
     with pytest.raises(ValueError) as e:
         build_custom_hooks(Config(dict(custom_hooks=hooks)))
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "hook, alternative",
+    [
+        ("CheckInvalidLossHook", "nonfinite_loss='raise'"),
+        ("PipelineSwitchHook", "load_from"),
+        ("MeanTeacherHook", "semi-supervised"),
+        ("SetEpochInfoHook", "set_epoch"),
+        ("EMAHok", "supported: ['EMAHook']"),
+    ],
+)
+def test_refused_mm_hooks_name_what_to_do_instead(hook, alternative):
+    with pytest.raises(ValueError) as e:
+        build_custom_hooks(Config(dict(custom_hooks=[dict(type=hook, interval=50)])))
+    assert f"custom_hooks[0]: type={hook!r} is not supported" in str(e.value) and alternative in str(e.value)
+
+
+def test_hooks_whose_work_is_done_anyway_are_accepted(caplog):
+    # mmdet's checks of the heads' classes and of the norm statistics run here without a hook (the detection task,
+    # SyncBuffers): such a config keeps its meaning, and only the EMA is a callback of its own
+    hooks = [dict(type="NumClassCheckHook"), dict(type="mmdet.SyncNormHook"), dict(type="EMAHook")]
+    with caplog.at_level(logging.INFO):
+        callbacks = build_custom_hooks(Config(dict(custom_hooks=hooks)))
+    assert [type(c) for c in callbacks] == [ModelEMA]
+    assert "custom_hooks[0]: NumClassCheckHook: done without a hook here: " in caplog.text
+    assert "custom_hooks[1]: mmdet.SyncNormHook: done without a hook here: " in caplog.text
 
 
 def test_mmdet_yolox_hook_is_accepted():

@@ -34,6 +34,25 @@ from lightning.pytorch.strategies import FSDPStrategy
 from mmengine.runner.priority import Priority, get_priority
 
 SUPPORTED_HOOKS = ("EMAHook",)
+# mm hooks whose work is done here without them: accepted, with one log line saying where.
+DONE_ANYWAY = {
+    "NumClassCheckHook": "the detection task checks every head's num_classes against the dataset's classes before "
+    "training and each evaluation",
+    "SyncNormHook": "the BN statistics are averaged over the DDP ranks before each evaluation (SyncBuffers)",
+    "SyncBuffersHook": "the BN statistics are averaged over the DDP ranks before each evaluation (SyncBuffers)",
+}
+# What to do instead of the other hooks mm configs commonly carry.
+ALTERNATIVES = {
+    "CheckInvalidLossHook": "nonfinite_loss='raise' (the default) stops at the first NaN / inf loss, naming the step "
+    "and the loss terms; remove the hook",
+    "PipelineSwitchHook": "one train pipeline per run: train the last epochs as a second run with the switched "
+    "pipeline and load_from=<the first run's last.ckpt>",
+    "YOLOXModeSwitchHook": "one train pipeline per run: train the last epochs as a second run with the switched "
+    "pipeline and load_from=<the first run's last.ckpt>",
+    "MeanTeacherHook": "semi-supervised teacher-student training (mmdet's SemiBaseDetector) is not supported here",
+    "SetEpochInfoHook": "the model's set_epoch is not called here, so detectors whose training depends on the epoch "
+    "are not supported",
+}
 # The hook's own arguments (mmengine.hooks.EMAHook); the others go to the averaged model.
 HOOK_ARGS = ("type", "ema_type", "strict_load", "begin_iter", "begin_epoch", "priority")
 PREFIX = "model."  # MMTaskModule keeps the mm model in ``self.model``
@@ -221,13 +240,14 @@ class ModelEMA(L.Callback):
 
 
 def build_custom_hooks(cfg) -> list[L.Callback]:
-    """The Lightning callbacks of the config's ``custom_hooks`` (mm's list of hook dicts): ``EMAHook`` only.
+    """The Lightning callbacks of the config's ``custom_hooks`` (mm's list of hook dicts): ``EMAHook`` only; the
+    hooks of ``DONE_ANYWAY`` pass with a log line (their work is done without them).
 
     Args:
         cfg: the mmengine config; ``custom_hooks`` absent or empty gives no callback.
 
-    Raises ``ValueError`` for any other hook type (listing the supported ones), a wrong argument (naming it) or
-    more than one EMAHook.
+    Raises ``ValueError`` for any other hook type (listing the supported ones, with ``ALTERNATIVES``' advice), a
+    wrong argument (naming it) or more than one EMAHook.
     """
     hooks = cfg.get("custom_hooks") or []
     if not isinstance(hooks, (list, tuple)):
@@ -237,10 +257,17 @@ def build_custom_hooks(cfg) -> list[L.Callback]:
         if not isinstance(hook, dict) or "type" not in hook:
             raise ValueError(f"custom_hooks[{i}] must be a dict(type=..., ...), got {hook!r}")
         kind = str(hook["type"]).rpartition(".")[2]  # 'mmengine.EMAHook' names the same hook
+        if kind in DONE_ANYWAY:
+            rank_zero_info(f"custom_hooks[{i}]: {hook['type']}: done without a hook here: {DONE_ANYWAY[kind]}")
+            continue
         if kind not in SUPPORTED_HOOKS:
+            instead = ALTERNATIVES.get(
+                kind,
+                "Lightning runs the loop here: remove the hook from custom_hooks, or write it as a Lightning callback",
+            )
             raise ValueError(
-                f"custom_hooks[{i}]: type={hook['type']!r} is not supported; supported: {list(SUPPORTED_HOOKS)} "
-                "(Lightning runs the loop here: remove the hook from custom_hooks, or write it as a Lightning callback)"
+                f"custom_hooks[{i}]: type={hook['type']!r} is not supported; supported: {list(SUPPORTED_HOOKS)}, "
+                f"and {list(DONE_ANYWAY)} (done without a hook). Instead: {instead}"
             )
         callbacks.append(ModelEMA(**{k: v for k, v in hook.items() if k != "type"}))
     if len(callbacks) > 1:
