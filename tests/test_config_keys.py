@@ -196,3 +196,32 @@ def test_values_with_braces_still_parse():
         "checkpoint_callback.filename": "best_{epoch}",
         "x": [1, 2],
     }
+
+
+@pytest.mark.parametrize("by_epoch", [False, True])
+def test_a_scheduler_without_end_runs_to_the_end_of_the_run(by_epoch):
+    # mmengine's Runner: `end` defaults to the loop's max_epochs / max_iters; an iteration scheduler (by_epoch=False)
+    # of an epoch-based run ends with the last iteration of the last epoch, not never (a PolyLR that never decays)
+    import torch
+    from mmengine.optim import PolyLR
+
+    from tasks.training.optim import build_schedulers
+
+    def lrs(scheduler, steps):
+        out = []
+        for _ in range(steps):
+            out.append(scheduler.optimizer.param_groups[0]["lr"])
+            scheduler.optimizer.step()  # (no gradients: changes nothing; torch wants it before the scheduler's)
+            scheduler.step()
+        return out
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    cfg = dict(type="PolyLR", power=1.0, eta_min=0.0, by_epoch=by_epoch)
+    (ours,) = build_schedulers(optimizer, [cfg], max_epochs=2, max_steps=-1, epoch_length=lambda: 5)
+    reference = PolyLR(
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0),
+        **{**{k: v for k, v in cfg.items() if k != "type"}, "end": 2 if by_epoch else 10},
+    )
+    steps = 2 if by_epoch else 10
+    assert lrs(ours["scheduler"], steps) == pytest.approx(lrs(reference, steps))
+    assert ours["scheduler"].end == (2 if by_epoch else 10)

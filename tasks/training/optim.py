@@ -96,8 +96,9 @@ def build_schedulers(
 ) -> list[dict]:
     """Return Lightning ``lr_scheduler`` config dicts, one per mm scheduler, in config order.
 
-    ``end`` defaults to the run length as in mmengine's Runner; ``convert_to_iter_based=True`` needs the
-    number of optimizer steps per epoch, computed only then (``epoch_length()``).
+    ``end`` defaults to the run length as in mmengine's Runner (for an iteration scheduler of an epoch-based run,
+    ``max_epochs`` x ``epoch_length()``); ``convert_to_iter_based=True`` needs the number of optimizer steps per
+    epoch too, computed only when needed (``epoch_length()``).
     """
     if scheduler_cfgs is None:
         return []
@@ -112,6 +113,9 @@ def build_schedulers(
                 cfg["end"] = max_epochs
             elif not by_epoch and max_steps > 0:
                 cfg["end"] = max_steps
+            elif not by_epoch and max_epochs is not None and max_epochs > 0:
+                # an epoch-based run: mm's max_iters is max_epochs x the iterations of an epoch
+                cfg["end"] = max_epochs * epoch_length()
         default_args = dict(optimizer=optimizer)
         if cfg.get("convert_to_iter_based", False):
             default_args["epoch_length"] = epoch_length()
