@@ -265,14 +265,19 @@ KEYS: tuple[Key, ...] = (
         "optim_wrapper",
         HONOURED,
         "`OptimWrapper`; `AmpOptimWrapper` sets `trainer.precision` "
-        "(`16-mixed`, `bf16-mixed` with `dtype='bfloat16'`) unless the trainer section sets it",
+        "(`16-mixed`, `bf16-mixed` with `dtype='bfloat16'` or on the CPU) unless the trainer section sets it",
     ),
     Key("optimizer", "optim_wrapper", HONOURED, "the `torch.optim` optimizer, built by mmengine"),
     Key("paramwise_cfg", "optim_wrapper", HONOURED, "per-parameter options, applied by mmengine's constructor"),
     Key("constructor", "optim_wrapper", HONOURED, "the optimizer-wrapper constructor mmengine builds with"),
     Key("clip_grad", "optim_wrapper", HONOURED, "`trainer.gradient_clip_val` / `gradient_clip_algorithm`"),
     Key("accumulative_counts", "optim_wrapper", HONOURED, "`trainer.accumulate_grad_batches`"),
-    Key("dtype", "optim_wrapper", HONOURED, "with `AmpOptimWrapper`: `bfloat16` -> `bf16-mixed`, else `16-mixed`"),
+    Key(
+        "dtype",
+        "optim_wrapper",
+        HONOURED,
+        "with `AmpOptimWrapper`: `bfloat16` -> `bf16-mixed`, else `16-mixed` (on the CPU always `bf16-mixed`)",
+    ),
     Key(
         "loss_scale", "optim_wrapper", IGNORED, "Lightning's `16-mixed` scales the loss dynamically", ("dynamic", None)
     ),

@@ -100,7 +100,10 @@ def test_an_underscore_variable_passes_and_mm_keys_map_to_the_trainer():
     cfg = load_config(SEG_CFG, {"_my_scale": (64, 32), "optim_wrapper.type": "AmpOptimWrapper"})
     assert cfg._my_scale == (64, 32)
     kwargs = trainer_kwargs(cfg)
-    assert kwargs["precision"] == "16-mixed" and kwargs["benchmark"] is True  # mmseg's env_cfg.cudnn_benchmark
+    # fp16 AMP does not run on the CPU (the demo's accelerator): bf16, without Lightning's warning that it swaps them
+    assert kwargs["precision"] == "bf16-mixed" and kwargs["benchmark"] is True  # mmseg's env_cfg.cudnn_benchmark
+    gpu = load_config(SEG_CFG, {"optim_wrapper.type": "AmpOptimWrapper", "trainer.accelerator": "gpu"})
+    assert trainer_kwargs(gpu)["precision"] == "16-mixed"
     assert kwargs["log_every_n_steps"] == 10  # the demo's trainer section wins over default_hooks.logger.interval
     cfg = load_config(DET_CFG, {"trainer": None, "default_hooks.logger.interval": 7})
     assert trainer_kwargs(cfg)["log_every_n_steps"] == 7

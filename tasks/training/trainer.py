@@ -116,8 +116,8 @@ def _mm_defaults(cfg: Config, kwargs: dict, optim_cfg: dict) -> None:
     """Trainer arguments that mm sections imply when the trainer section is silent (docs/config_keys.md):
     ``randomness.deterministic`` -> ``deterministic``, ``default_hooks.logger.interval`` -> ``log_every_n_steps``,
     ``env_cfg.cudnn_benchmark`` -> ``benchmark`` (not with ``deterministic``, as in mmengine's Runner),
-    ``optim_wrapper.type='AmpOptimWrapper'`` -> ``precision`` (``bf16-mixed`` for ``dtype='bfloat16'``, else
-    ``16-mixed``, whose loss scaling is dynamic like mm's default)."""
+    ``optim_wrapper.type='AmpOptimWrapper'`` -> ``precision`` (``bf16-mixed`` for ``dtype='bfloat16'`` or on the
+    CPU, else ``16-mixed``, whose loss scaling is dynamic like mm's default)."""
     deterministic = (cfg.get("randomness") or {}).get("deterministic")
     if deterministic is not None:
         kwargs.setdefault("deterministic", bool(deterministic))
@@ -128,7 +128,9 @@ def _mm_defaults(cfg: Config, kwargs: dict, optim_cfg: dict) -> None:
     if benchmark is not None and not kwargs.get("deterministic"):  # deterministic wins, as in mmengine's Runner
         kwargs.setdefault("benchmark", bool(benchmark))
     if optim_cfg.get("type") == "AmpOptimWrapper":
+        # fp16 AMP does not run on the CPU: Lightning would swap in bf16 itself, with a warning at every run
         bf16 = str(optim_cfg.get("dtype")) in ("bfloat16", "torch.bfloat16")
+        bf16 = bf16 or not _uses_gpu(kwargs.get("accelerator", "auto"))
         kwargs.setdefault("precision", "bf16-mixed" if bf16 else "16-mixed")
 
 
