@@ -70,7 +70,13 @@ KEYS: tuple[Key, ...] = (
     Key("train_dataloader", "", HONOURED, "the train loader of `MMDataModule` (dataset, sampler, batch sampler)"),
     Key("val_dataloader", "", HONOURED, "the validation loader of `MMDataModule`"),
     Key("test_dataloader", "", HONOURED, "the loader of `tools/test.py`"),
-    Key("train_cfg", "", HONOURED, "the schedule length and validation interval (keys below)"),
+    Key(
+        "train_cfg",
+        "",
+        HONOURED,
+        "the schedule length and validation interval (keys below), unless the trainer section sets `max_epochs` / "
+        "`max_steps`: then one log line names each `train_cfg` value that differs from the trainer's",
+    ),
     Key(
         "val_cfg",
         "",

@@ -133,6 +133,7 @@ def _check_values(cfg, path: str) -> None:
             f"{path}: train_cfg.type={loop!r} is not supported here: Lightning runs the loop, with "
             "EpochBasedTrainLoop's max_epochs or IterBasedTrainLoop's max_iters."
         )
+    _check_lengths(cfg, path)
     logger = (cfg.get("default_hooks") or {}).get("logger") or {}
     others = sorted(set(logger) - {"type", "_scope_", "interval", "log_metric_by_epoch"})
     if others:
@@ -145,6 +146,23 @@ def _check_values(cfg, path: str) -> None:
         for name in entry:
             if args is not None and name not in valid:
                 raise _unknown(f"param_scheduler[{i}] ({entry['type']}) ", name, valid, path)
+
+
+def _check_lengths(cfg, path: str) -> None:
+    """A ``train_cfg`` length or interval that the trainer section overrides (it sets ``max_epochs`` /
+    ``max_steps``, so ``train_cfg`` is not read) logs one line naming both, when they differ."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    trainer, train_cfg = cfg.get("trainer") or {}, cfg.get("train_cfg") or {}
+    if "max_epochs" not in trainer and "max_steps" not in trainer:
+        return
+    interval = "val_check_interval" if "max_iters" in train_cfg else "check_val_every_n_epoch"
+    for mm_key, key in (("max_iters", "max_steps"), ("max_epochs", "max_epochs"), ("val_interval", interval)):
+        if mm_key in train_cfg and trainer.get(key) != train_cfg[mm_key]:
+            rank_zero_info(
+                f"{path}: train_cfg.{mm_key}={train_cfg[mm_key]!r} is not used: the trainer section sets the run's "
+                f"length (trainer.{key}={trainer.get(key)!r}); set trainer.{key} instead"
+            )
 
 
 def markdown() -> str:

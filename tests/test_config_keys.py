@@ -228,3 +228,23 @@ def test_a_scheduler_without_end_runs_to_the_end_of_the_run(by_epoch):
     steps = 2 if by_epoch else 10
     assert lrs(ours["scheduler"], steps) == pytest.approx(lrs(reference, steps))
     assert ours["scheduler"].end == (2 if by_epoch else 10)
+
+
+def test_a_train_cfg_the_trainer_section_overrides_is_named(tmp_path, log_lines):
+    # the demo configs set the run's length in their trainer section, which wins over train_cfg: a config of one's
+    # own inheriting a demo and setting train_cfg must hear that its length is not the one trained
+    path = tmp_path / "mine.py"
+    path.write_text(
+        f"_base_ = [{SEG_CFG!r}]\ntrain_cfg = dict(type='IterBasedTrainLoop', max_iters=4, val_interval=2)\n"
+    )
+    kwargs = trainer_kwargs(load_config(path))
+    assert kwargs["max_steps"] == 300 and kwargs["val_check_interval"] == 300
+    assert log_lines == [
+        f"{path}: train_cfg.max_iters=4 is not used: the trainer section sets the run's length "
+        "(trainer.max_steps=300); set trainer.max_steps instead",
+        f"{path}: train_cfg.val_interval=2 is not used: the trainer section sets the run's length (trainer."
+        "val_check_interval=300); set trainer.val_check_interval instead",
+    ]
+    log_lines.clear()
+    load_config(path, {"trainer.max_steps": 4, "trainer.val_check_interval": 2})
+    assert log_lines == []

@@ -80,6 +80,7 @@ param_scheduler = [
     dict(type="LinearLR", start_factor=0.01, by_epoch=False, begin=0, end=24),
     dict(type="MultiStepLR", by_epoch=True, begin=0, end=max_epochs, milestones=[10], gamma=0.1),
 ]
+train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)  # what the trainer section says, as mm reads it
 
 trainer = dict(
     accelerator="cpu",
