@@ -22,6 +22,13 @@ from .config_key_table import ANY, HONOURED, IGNORED, KEYS, REFUSED, VARIABLE, K
 
 SECTIONS = ("train_cfg", "default_hooks", "env_cfg", "randomness", "auto_scale_lr", "optim_wrapper", "param_scheduler")
 STATUSES = (HONOURED, REFUSED, IGNORED, VARIABLE)
+# What mmengine's DefaultOptimWrapperConstructor reads of ``paramwise_cfg`` (with ``.get``: nothing else is read)
+# and of each ``custom_keys`` entry.
+PARAMWISE_KEYS = frozenset(
+    "custom_keys bias_lr_mult bias_decay_mult norm_decay_mult dwconv_decay_mult flat_decay_mult bypass_duplicate "
+    "dcn_offset_lr_mult".split()
+)
+CUSTOM_KEY_OPTIONS = frozenset({"lr_mult", "decay_mult"})
 # torch.optim.lr_scheduler / mmengine scheduler arguments every entry may not repeat: the optimizer is ours.
 _NOT_SCHEDULER_ARGS = {"self", "optimizer", "param_name", "args", "kwargs"}
 
@@ -134,6 +141,7 @@ def _check_values(cfg, path: str) -> None:
             "EpochBasedTrainLoop's max_epochs or IterBasedTrainLoop's max_iters."
         )
     _check_lengths(cfg, path)
+    _check_paramwise(cfg.get("optim_wrapper") or {}, path)
     logger = (cfg.get("default_hooks") or {}).get("logger") or {}
     others = sorted(set(logger) - {"type", "_scope_", "interval", "log_metric_by_epoch"})
     if others:
@@ -146,6 +154,20 @@ def _check_values(cfg, path: str) -> None:
         for name in entry:
             if args is not None and name not in valid:
                 raise _unknown(f"param_scheduler[{i}] ({entry['type']}) ", name, valid, path)
+
+
+def _check_paramwise(optim_wrapper: Mapping, path: str) -> None:
+    """The ``paramwise_cfg`` keys of mmengine's default constructor (another ``constructor`` reads its own)."""
+    if optim_wrapper.get("constructor", "DefaultOptimWrapperConstructor") != "DefaultOptimWrapperConstructor":
+        return
+    paramwise = optim_wrapper.get("paramwise_cfg") or {}
+    for name in paramwise:
+        if name not in PARAMWISE_KEYS | {"_scope_"}:
+            raise _unknown("optim_wrapper.paramwise_cfg.", name, PARAMWISE_KEYS, path)
+    for pattern, options in (paramwise.get("custom_keys") or {}).items():
+        for name in options if isinstance(options, Mapping) else ():
+            if name not in CUSTOM_KEY_OPTIONS:
+                raise _unknown(f"optim_wrapper.paramwise_cfg.custom_keys[{pattern!r}].", name, CUSTOM_KEY_OPTIONS, path)
 
 
 def _check_lengths(cfg, path: str) -> None:
@@ -187,7 +209,10 @@ def markdown() -> str:
         "underscore (`_my_scale = (1333, 800)`): mmengine keeps them, the check passes them. Unknown keys inside "
         "`train_cfg`, `default_hooks`, `env_cfg`, `randomness`, `auto_scale_lr`, `optim_wrapper` and each "
         "`param_scheduler` entry (against the "
-        "scheduler class's arguments) stop the run too. The table is `tasks/config_key_table.py`; this page is "
+        "scheduler class's arguments) stop the run too, and so do those of `optim_wrapper.paramwise_cfg` under "
+        "mmengine's default constructor (what it reads: `custom_keys` with `lr_mult` / `decay_mult`, "
+        "`bias_lr_mult`, `bias_decay_mult`, `norm_decay_mult`, `dwconv_decay_mult`, `flat_decay_mult`, "
+        "`bypass_duplicate`, `dcn_offset_lr_mult`). The table is `tasks/config_key_table.py`; this page is "
         "its rendering (`python -m tasks.config_keys --markdown`).",
     ]
     titles = {"": "Top level", **{s: f"`{s}`" for s in SECTIONS}, "*": "Every section"}

@@ -248,3 +248,25 @@ def test_a_train_cfg_the_trainer_section_overrides_is_named(tmp_path, log_lines)
     log_lines.clear()
     load_config(path, {"trainer.max_steps": 4, "trainer.val_check_interval": 2})
     assert log_lines == []
+
+
+def test_misspelt_paramwise_options_are_refused():
+    # mmengine's default optimizer constructor reads its paramwise_cfg keys with .get(): a misspelt one (and a
+    # misspelt custom_keys option) would train every parameter with the plain lr and decay
+    with pytest.raises(
+        ValueError, match=r"optim_wrapper\.paramwise_cfg\.'norm_decay_mul'.*Did you mean 'norm_decay_mult'"
+    ):
+        load_config(SEG_CFG, {"optim_wrapper.paramwise_cfg.norm_decay_mul": 0.0})
+    with pytest.raises(
+        ValueError,
+        match=r"optim_wrapper\.paramwise_cfg\.custom_keys\['norm'\]\.'decay_multi'.*Did you mean 'decay_mult'",
+    ):
+        load_config(SEG_CFG, {"optim_wrapper.paramwise_cfg.custom_keys.norm.decay_multi": 0.0})
+    # another constructor reads options of its own (mmdet's layer-wise decay): not checked against the default's
+    load_config(
+        SEG_CFG,
+        {
+            "optim_wrapper.constructor": "LearningRateDecayOptimizerConstructor",
+            "optim_wrapper.paramwise_cfg.decay_rate": 0.9,
+        },
+    )
