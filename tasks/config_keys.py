@@ -141,6 +141,14 @@ def _check_values(cfg, path: str) -> None:
             "EpochBasedTrainLoop's max_epochs or IterBasedTrainLoop's max_iters."
         )
     _check_lengths(cfg, path)
+    auto = cfg.get("auto_scale_lr") or {}
+    base = auto.get("base_batch_size")
+    if auto.get("enable") and (not isinstance(base, int) or isinstance(base, bool) or base <= 0):
+        raise ValueError(
+            f"{path}: auto_scale_lr.enable=True needs auto_scale_lr.base_batch_size, the total batch size (GPUs x "
+            f"images per GPU x accumulation) the config's lr was set for, e.g. auto_scale_lr.base_batch_size=16 for "
+            f"mmdet's COCO schedules; got {base!r}"
+        )
     _check_paramwise(cfg.get("optim_wrapper") or {}, path)
     logger = (cfg.get("default_hooks") or {}).get("logger") or {}
     others = sorted(set(logger) - {"type", "_scope_", "interval", "log_metric_by_epoch"})

@@ -270,3 +270,9 @@ def test_misspelt_paramwise_options_are_refused():
             "optim_wrapper.paramwise_cfg.decay_rate": 0.9,
         },
     )
+
+
+def test_auto_scale_lr_enabled_without_a_base_batch_size_names_the_key():
+    with pytest.raises(ValueError, match=r"auto_scale_lr\.enable=True needs auto_scale_lr\.base_batch_size.*=16"):
+        load_config(SEG_CFG, {"auto_scale_lr.enable": True})
+    load_config(SEG_CFG, {"auto_scale_lr.enable": True, "auto_scale_lr.base_batch_size": 16})
