@@ -151,6 +151,7 @@ def test_mm_metrics_build_without_console_warnings():
     import logging
 
     from mmengine.logging import MMLogger
+    from mmengine.registry import DefaultScope
 
     from tasks.evaluation.mm_metric import MMEvaluator
 
@@ -160,7 +161,8 @@ def test_mm_metrics_build_without_console_warnings():
     logger = MMLogger.get_current_instance()
     logger.addHandler(handler)
     try:
-        evaluator = MMEvaluator([dict(type="IoUMetric", iou_metrics=["mIoU", "mDice"])], "mmseg", "val_evaluator")
+        with DefaultScope.overwrite_default_scope("mmseg"):  # as the segmentation task builds it
+            evaluator = MMEvaluator([dict(type="IoUMetric", iou_metrics=["mIoU", "mDice"])], "mmseg", "val_evaluator")
     finally:
         logger.removeHandler(handler)
     assert [r.getMessage() for r in records] == []
