@@ -211,7 +211,8 @@ KEYS: tuple[Key, ...] = (
         "default_hooks",
         HONOURED,
         "`interval` is `trainer.log_every_n_steps` unless the trainer "
-        "section sets it; other `LoggerHook` options are the loggers' (`loggers`)",
+        "section sets it (then one log line when they differ and it is not mm's 50); other `LoggerHook` options are "
+        "the loggers' (`loggers`)",
     ),
     Key("param_scheduler", "default_hooks", HONOURED, "Lightning steps the schedulers (per step or epoch)"),
     Key(

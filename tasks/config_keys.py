@@ -180,10 +180,17 @@ def _check_paramwise(optim_wrapper: Mapping, path: str) -> None:
 
 def _check_lengths(cfg, path: str) -> None:
     """A ``train_cfg`` length or interval that the trainer section overrides (it sets ``max_epochs`` /
-    ``max_steps``, so ``train_cfg`` is not read) logs one line naming both, when they differ."""
+    ``max_steps``, so ``train_cfg`` is not read) logs one line naming both, when they differ; so does a
+    ``default_hooks.logger.interval`` other than mm's 50 that ``trainer.log_every_n_steps`` overrides."""
     from lightning.pytorch.utilities import rank_zero_info
 
     trainer, train_cfg = cfg.get("trainer") or {}, cfg.get("train_cfg") or {}
+    interval = ((cfg.get("default_hooks") or {}).get("logger") or {}).get("interval")
+    if interval not in (None, 50) and trainer.get("log_every_n_steps", interval) != interval:  # 50: mm's bases
+        rank_zero_info(
+            f"{path}: default_hooks.logger.interval={interval!r} is not used: the trainer section sets "
+            f"trainer.log_every_n_steps={trainer['log_every_n_steps']!r}; set trainer.log_every_n_steps instead"
+        )
     if "max_epochs" not in trainer and "max_steps" not in trainer:
         return
     interval = "val_check_interval" if "max_iters" in train_cfg else "check_val_every_n_epoch"

@@ -248,6 +248,12 @@ def test_a_train_cfg_the_trainer_section_overrides_is_named(tmp_path, log_lines)
     log_lines.clear()
     load_config(path, {"trainer.max_steps": 4, "trainer.val_check_interval": 2})
     assert log_lines == []
+    # the same for the logging interval (mm's bases give it 50, which the demos' trainer sections replace quietly)
+    load_config(path, {"trainer.max_steps": 4, "trainer.val_check_interval": 2, "default_hooks.logger.interval": 7})
+    assert log_lines == [
+        f"{path}: default_hooks.logger.interval=7 is not used: the trainer section sets "
+        "trainer.log_every_n_steps=10; set trainer.log_every_n_steps instead"
+    ]
 
 
 def test_misspelt_paramwise_options_are_refused():
