@@ -167,3 +167,19 @@ def test_mm_metrics_build_without_console_warnings():
         logger.removeHandler(handler)
     assert [r.getMessage() for r in records] == []
     assert evaluator.evaluator.metrics[0].prefix is None  # mmseg's own names: mIoU, not <prefix>/mIoU
+
+
+def test_format_only_validation_has_no_metric_to_monitor(tmp_path):
+    # mm's format_only=True writes the results and computes nothing: no name of it can be monitored
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    from tasks.evaluation.mm_metric import MMEvaluator
+    from tasks.evaluation.select import check_monitor
+
+    metric = dict(type="CocoMetric", metric=["bbox"], format_only=True, outfile_prefix=str(tmp_path / "results"))
+    with DefaultScope.overwrite_default_scope("mmdet"):
+        evaluator = MMEvaluator([metric], "mmdet", "val_evaluator")
+    with pytest.raises(ValueError, match=r"monitor='bbox_mAP'.*logs no metric \(format_only=True writes.*monitor=None"):
+        check_monitor(Config(dict(checkpoint_callback=dict(monitor="bbox_mAP"))), evaluator, "mmdet")
+    check_monitor(Config(dict(checkpoint_callback=dict(monitor=None))), evaluator, "mmdet")

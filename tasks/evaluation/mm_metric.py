@@ -148,6 +148,8 @@ def expected_names(metrics: Sequence[dict], scope: str) -> set[str] | None:
     names: set[str] = set()
     for cfg in metrics:
         kind = str(cfg["type"]).rpartition(".")[2]
+        if cfg.get("format_only") and kind in ("CocoMetric", "IoUMetric"):
+            continue  # writes the results, computes nothing
         prefix = f"{cfg['prefix']}/" if cfg.get("prefix") else ""
         if scope == "mmdet" and kind == "CocoMetric":
             prefix = f"{cfg.get('prefix') or 'coco'}/"

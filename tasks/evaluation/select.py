@@ -224,6 +224,12 @@ def check_monitor(cfg: Any, evaluator: Any, scope: str) -> None:
         return
     if any(fnmatch.fnmatchcase(monitor, name) for name in names):  # mmdet's classwise names are a pattern
         return
+    if not names:
+        raise ValueError(
+            f"checkpoint_callback.monitor={monitor!r}: the validation evaluator ({type(evaluator).__name__}) logs no "
+            "metric (format_only=True writes the results only). Set --cfg-options checkpoint_callback.monitor=None "
+            "(last.ckpt is still written), or validate without format_only"
+        )
     near = sorted(n for n in names if n.rpartition("/")[2] == monitor.rpartition("/")[2]) or sorted(names)
     raise ValueError(
         f"checkpoint_callback.monitor={monitor!r} is not a metric of the validation evaluator "
