@@ -85,7 +85,7 @@ def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Con
         raise ValueError(
             f"{path}: default_scope must be one of {SCOPES} (inherit an mmdet:: or mmseg:: base config), got {scope!r}"
         )
-    check_keys(cfg, os.fspath(path))
+    check_keys(cfg, os.fspath(path), overridden=tuple(cfg_options or ()))
     return cfg
 
 

@@ -96,12 +96,14 @@ def _entries(cfg) -> Iterator[tuple[str, str, object]]:
                 yield f"{section}.", name, sub
 
 
-def check_keys(cfg, path: str) -> None:
+def check_keys(cfg, path: str, overridden=()) -> None:
     """Refuse unknown and refused keys of a loaded config; log the ignored ones set to a non-default value.
 
     Args:
         cfg: the mmengine ``Config`` (after ``--cfg-options``).
         path: the config file, for the messages.
+        overridden: the keys set on the command line (``--cfg-options``): a trainer value given there is the
+            user's choice, not a section that overrides their ``train_cfg`` unseen.
 
     Raises:
         ValueError: an unknown key (with the closest valid ones), a refused key set to a value mm's bases do not
@@ -126,10 +128,10 @@ def check_keys(cfg, path: str) -> None:
             raise ValueError(f"{path}: {where}{name}={value!r} is not supported here: {key.note}.")
         if key.status == IGNORED and not _is_quiet(key, value):
             rank_zero_info(f"{path}: {where}{name} is ignored: {key.note}.")
-    _check_values(cfg, path)
+    _check_values(cfg, path, overridden)
 
 
-def _check_values(cfg, path: str) -> None:
+def _check_values(cfg, path: str, overridden=()) -> None:
     """The keys whose value picks a behaviour: the train loop's type, the logger hook's options, and each
     ``param_scheduler`` entry's keys (against its class's arguments)."""
     from lightning.pytorch.utilities import rank_zero_info
@@ -140,7 +142,7 @@ def _check_values(cfg, path: str) -> None:
             f"{path}: train_cfg.type={loop!r} is not supported here: Lightning runs the loop, with "
             "EpochBasedTrainLoop's max_epochs or IterBasedTrainLoop's max_iters."
         )
-    _check_lengths(cfg, path)
+    _check_lengths(cfg, path, overridden)
     auto = cfg.get("auto_scale_lr") or {}
     base = auto.get("base_batch_size")
     if auto.get("enable") and (not isinstance(base, int) or isinstance(base, bool) or base <= 0):
@@ -178,15 +180,23 @@ def _check_paramwise(optim_wrapper: Mapping, path: str) -> None:
                 raise _unknown(f"optim_wrapper.paramwise_cfg.custom_keys[{pattern!r}].", name, CUSTOM_KEY_OPTIONS, path)
 
 
-def _check_lengths(cfg, path: str) -> None:
+def _check_lengths(cfg, path: str, overridden=()) -> None:
     """A ``train_cfg`` length or interval that the trainer section overrides (it sets ``max_epochs`` /
     ``max_steps``, so ``train_cfg`` is not read) logs one line naming both, when they differ; so does a
-    ``default_hooks.logger.interval`` other than mm's 50 that ``trainer.log_every_n_steps`` overrides."""
+    ``default_hooks.logger.interval`` other than mm's 50 that ``trainer.log_every_n_steps`` overrides. Trainer
+    values set on the command line (``overridden``) are the user's choice and pass."""
     from lightning.pytorch.utilities import rank_zero_info
 
     trainer, train_cfg = cfg.get("trainer") or {}, cfg.get("train_cfg") or {}
     interval = ((cfg.get("default_hooks") or {}).get("logger") or {}).get("interval")
-    if interval not in (None, 50) and trainer.get("log_every_n_steps", interval) != interval:  # 50: mm's bases
+    chosen = {key.removeprefix("trainer.") for key in overridden if key.startswith("trainer.")}
+    if "trainer" in overridden:
+        return
+    if (
+        interval not in (None, 50)  # 50: mm's bases
+        and "log_every_n_steps" not in chosen
+        and trainer.get("log_every_n_steps", interval) != interval
+    ):
         rank_zero_info(
             f"{path}: default_hooks.logger.interval={interval!r} is not used: the trainer section sets "
             f"trainer.log_every_n_steps={trainer['log_every_n_steps']!r}; set trainer.log_every_n_steps instead"
@@ -195,7 +205,7 @@ def _check_lengths(cfg, path: str) -> None:
         return
     interval = "val_check_interval" if "max_iters" in train_cfg else "check_val_every_n_epoch"
     for mm_key, key in (("max_iters", "max_steps"), ("max_epochs", "max_epochs"), ("val_interval", interval)):
-        if mm_key in train_cfg and trainer.get(key) != train_cfg[mm_key]:
+        if mm_key in train_cfg and trainer.get(key) != train_cfg[mm_key] and key not in chosen:
             rank_zero_info(
                 f"{path}: train_cfg.{mm_key}={train_cfg[mm_key]!r} is not used: the trainer section sets the run's "
                 f"length (trainer.{key}={trainer.get(key)!r}); set trainer.{key} instead"

@@ -248,6 +248,10 @@ def test_a_train_cfg_the_trainer_section_overrides_is_named(tmp_path, log_lines)
     log_lines.clear()
     load_config(path, {"trainer.max_steps": 4, "trainer.val_check_interval": 2})
     assert log_lines == []
+    # a trainer value given on the command line is the user's own choice: nothing to say
+    load_config(path, {"trainer.max_steps": 2})
+    assert log_lines == [log_lines[0]] and "train_cfg.val_interval=2" in log_lines[0]
+    log_lines.clear()
     # the same for the logging interval (mm's bases give it 50, which the demos' trainer sections replace quietly)
     load_config(path, {"trainer.max_steps": 4, "trainer.val_check_interval": 2, "default_hooks.logger.interval": 7})
     assert log_lines == [
