@@ -100,12 +100,7 @@ KEYS: tuple[Key, ...] = (
     Key("test_evaluator", "", HONOURED, "the same for `tools/test.py`"),
     Key("optim_wrapper", "", HONOURED, "the optimizer, built by mmengine's `build_optim_wrapper` (keys below)"),
     Key("param_scheduler", "", HONOURED, "mmengine's schedulers, stepped by Lightning (keys below)"),
-    Key(
-        "auto_scale_lr",
-        "",
-        HONOURED,
-        "`tools/train.py --auto-scale-lr` (or `enable=True`): the linear lr rule (keys below)",
-    ),
+    Key("auto_scale_lr", "", HONOURED, "`tools/train.py --auto-scale-lr` or `enable=True`: the linear lr rule"),
     Key("default_hooks", "", HONOURED, "per hook, below"),
     Key(
         "custom_hooks",
@@ -279,12 +274,7 @@ KEYS: tuple[Key, ...] = (
     Key("constructor", "optim_wrapper", HONOURED, "the optimizer-wrapper constructor mmengine builds with"),
     Key("clip_grad", "optim_wrapper", HONOURED, "`trainer.gradient_clip_val` / `gradient_clip_algorithm`"),
     Key("accumulative_counts", "optim_wrapper", HONOURED, "`trainer.accumulate_grad_batches`"),
-    Key(
-        "dtype",
-        "optim_wrapper",
-        HONOURED,
-        "with `AmpOptimWrapper`: `bfloat16` -> `bf16-mixed`, else `16-mixed` (on the CPU always `bf16-mixed`)",
-    ),
+    Key("dtype", "optim_wrapper", HONOURED, "`AmpOptimWrapper`: `bfloat16` or the CPU: `bf16-mixed`, else `16-mixed`"),
     Key(
         "loss_scale", "optim_wrapper", IGNORED, "Lightning's `16-mixed` scales the loss dynamically", ("dynamic", None)
     ),
