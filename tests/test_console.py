@@ -88,3 +88,28 @@ def test_the_demo_serves_step_sized_blocks_from_the_heap():
             del block
         os._exit(0 if mapped == [1, 0] else 1)
     assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_prediction_overlays_draw_boxes_at_the_image_border_without_warnings(tmp_path):
+    # mmdet's boxes clipped to a W x H image reach x = W, y = H; mmengine's drawing warned "out of bounds" for
+    # each such image. The overlay is drawn, and the predictions the other callbacks read are left as they were.
+    import mmcv
+    import numpy as np
+    import torch
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+
+    from tasks.figures.predictions import PredictionWriter
+
+    image = tmp_path / "img.png"
+    mmcv.imwrite(np.full((40, 30, 3), 127, np.uint8), str(image))
+    boxes = torch.tensor([[0.0, 0.0, 30.0, 40.0], [28.5, 38.5, 30.0, 40.0], [5.0, 5.0, 10.0, 10.0]])
+    pred = InstanceData(bboxes=boxes.clone(), scores=torch.tensor([0.9, 0.8, 0.1]), labels=torch.tensor([0, 1, 0]))
+    sample = DetDataSample(metainfo=dict(img_path=str(image)), pred_instances=pred)
+    writer = PredictionWriter(str(tmp_path / "show"), "mmdet", score_thr=0.3)
+    writer.make_visualizer(dict(classes=("a", "b"), palette=[(255, 0, 0), (0, 255, 0)]), name="border-test")
+    with warnings_as_errors():
+        out = writer.draw(sample)
+    drawn = mmcv.imread(out)
+    assert drawn.shape == (40, 30, 3) and (drawn != 127).any()
+    assert torch.equal(sample.pred_instances.bboxes, boxes)
