@@ -68,7 +68,7 @@ class PredictionWriter(L.Callback):
             self.visualizer.add_datasample(
                 stem,
                 image,
-                self._drawable(sample, image.shape[:2]),
+                drawable_detections(sample, image.shape[:2], self.score_thr, self.visualizer.line_width),
                 draw_gt=False,
                 out_file=out_file,
                 pred_score_thr=self.score_thr,
@@ -80,25 +80,26 @@ class PredictionWriter(L.Callback):
             mmcv.imwrite(mmcv.rgb2bgr(panel), out_file)
         return out_file
 
-    def _drawable(self, sample, shape: tuple[int, int]):
-        """The detections above ``score_thr``, with the boxes moved inside the last pixel row and column (and the
-        labels' corners inside the image) for mmengine's drawing.
 
-        Boxes are continuous coordinates: a box clipped to the image reaches x = W, y = H, which mmengine's
-        ``draw_bboxes`` / ``draw_texts`` call out of bounds (they accept pixel indices < W, < H) with a warning per
-        image. A new data sample: the other callbacks (--dump, --out-dir) read the same predictions.
-        """
-        from mmdet.structures import DetDataSample
+def drawable_detections(sample, shape: tuple[int, int], score_thr: float, line_width: int):
+    """A new ``DetDataSample`` holding ``sample``'s detections above ``score_thr`` with their boxes moved inside
+    the last pixel row and column of an image of ``shape`` (H, W), and the labels' corners inside the image.
 
-        pred = sample.pred_instances
-        pred = pred[pred.scores > self.score_thr]
-        if len(pred):
-            h, w = shape
-            margin = self.visualizer.line_width  # mmdet writes the class label at the box corner + line_width
-            boxes = pred.bboxes.clone()
-            boxes[:, 0::2] = boxes[:, 0::2].clamp(0, max(w - 1, 0))
-            boxes[:, 1::2] = boxes[:, 1::2].clamp(0, max(h - 1, 0))
-            boxes[:, 0] = boxes[:, 0].clamp(max=max(w - 1 - margin, 0))
-            boxes[:, 1] = boxes[:, 1].clamp(max=max(h - 1 - margin, 0))
-            pred.bboxes = boxes
-        return DetDataSample(metainfo=sample.metainfo, pred_instances=pred)
+    Boxes are continuous coordinates: a box clipped to the image reaches x = W, y = H, which mmengine's
+    ``draw_bboxes`` / ``draw_texts`` call out of bounds (they take pixel indices < W, < H) with a warning per image;
+    mmdet writes each class label at the box's corner + ``line_width``. ``sample`` is not changed: other readers
+    (``--dump``, ``--out-dir``, the JSON of tools/infer.py) keep the predictions as they are.
+    """
+    from mmdet.structures import DetDataSample
+
+    pred = sample.pred_instances
+    pred = pred[pred.scores > score_thr]  # indexing copies
+    if len(pred):
+        h, w = shape
+        boxes = pred.bboxes.clone()
+        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, max(w - 1, 0))
+        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, max(h - 1, 0))
+        boxes[:, 0] = boxes[:, 0].clamp(max=max(w - 1 - line_width, 0))
+        boxes[:, 1] = boxes[:, 1].clamp(max=max(h - 1 - line_width, 0))
+        pred.bboxes = boxes
+    return DetDataSample(metainfo=sample.metainfo, pred_instances=pred)
