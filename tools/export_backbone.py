@@ -32,7 +32,7 @@ import sys
 
 from backbones.export import FORMATS, ExportError
 from backbones.pretrained import CheckpointError
-from tasks.deploy.export import WEIGHTS, export_backbone
+from tasks.deploy.export import WEIGHTS, export_backbone, format_metrics
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -57,7 +57,7 @@ def main(argv=None) -> dict:
         if argv is not None:  # called from Python: let the caller see the exception
             raise
         sys.exit(f"error: {e}")
-    metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in meta["metrics"].items())
+    metrics = format_metrics(meta["metrics"])
     print(
         f"wrote {args.out} ({meta['format']}): {meta['family']} backbone, {WEIGHTS[meta['weights']]}, "
         f"{meta['num_tensors']} tensors, "

@@ -21,7 +21,7 @@ import sys
 
 from backbones.export import ExportError
 from backbones.pretrained import CheckpointError
-from tasks.deploy.export import WEIGHTS, export_model
+from tasks.deploy.export import WEIGHTS, export_model, format_metrics
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
     print(
         f"wrote {args.out}: {WEIGHTS[meta['weights']]}, {len(classes)} classes, step {meta['iter']}, "
         f"epoch {meta['epoch']}, "
-        f"metrics {meta['metrics']}\nsha256 of the tensors: {meta['sha256']}"
+        f"metrics: {format_metrics(meta['metrics']) or 'none'}\nsha256 of the tensors: {meta['sha256']}"
     )
     return meta
 
