@@ -225,3 +225,10 @@ def test_tta_refused_where_it_cannot_work(data_opts, tmp_path):
     module, _ = build_task(cfg, init_weights=False)
     with pytest.raises(ValueError, match="no instance masks"):
         enable_tta(cfg, module)
+
+
+def test_the_command_line_names_a_missing_checkpoint_without_a_traceback(data_opts, tmp_path, monkeypatch):
+    ckpt = str(tmp_path / "missing.ckpt")
+    monkeypatch.setattr("sys.argv", ["test.py", DET_CFG, ckpt, "--cfg-options", *data_opts("tiny_coco")])
+    with pytest.raises(SystemExit, match=r"^error: Checkpoint file not found: '.*missing\.ckpt'\. Check the path"):
+        load_tool("test").main()

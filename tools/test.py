@@ -34,9 +34,10 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
+from backbones.errors import CheckpointError
 from backbones.weights import check_checkpoint_path, load_state_dict_checked
 from tasks import build_task
-from tasks.config import add_cfg_options, default_work_dir, load_config
+from tasks.config import ConfigError, add_cfg_options, default_work_dir, load_config
 from tasks.data.module import without_annotation_loading
 from tasks.deploy.checkpoints import read_training_checkpoint
 from tasks.deploy.submission import SubmissionWriter
@@ -114,6 +115,16 @@ def main(argv=None, callbacks=()) -> dict:
     args = parse_args(argv)
     if args.format_only and not args.out_dir:
         raise SystemExit("--format-only writes submission files only: give the directory with --out-dir DIR")
+    try:
+        return test(args, callbacks)
+    except (ConfigError, CheckpointError) as e:
+        if argv is not None:  # called from Python: the caller sees the exception
+            raise
+        raise SystemExit(f"error: {e}") from None
+
+
+def test(args: argparse.Namespace, callbacks=()) -> dict:
+    """Evaluate as ``args`` (``parse_args``) say, with extra Lightning ``callbacks``; return the metrics."""
     cfg = load_config(args.config, args.cfg_options)
     if args.dump:
         check_dump_path(args.dump, cfg.default_scope)  # before the model is built

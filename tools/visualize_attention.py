@@ -34,7 +34,7 @@ import torch
 
 from backbones import FAMILIES, CheckpointError, family_of, load_pretrained
 from backbones.attention_maps import last_blocks, record_attention
-from tasks.config import add_cfg_options, build_from_registry, load_config, register_scope
+from tasks.config import ConfigError, add_cfg_options, build_from_registry, load_config, register_scope
 from tasks.figures.attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
 
 # a family's picture kind (``Family.picture``) -> the file name suffix of its picture
@@ -203,7 +203,10 @@ def output_path(out_dir: str, image_path: str, suffix: str, taken: set[str]) -> 
 def main(argv=None) -> list[str]:
     """Writes the PNGs and returns their paths."""
     args = parse_args(argv)
-    cfg = load_config(args.config, args.cfg_options)
+    try:
+        cfg = load_config(args.config, args.cfg_options)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from e
     register_scope(cfg.default_scope)
     from mmengine.registry import MODELS
 
