@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from backbones.atomic import OutputError, check_writable
 from tasks.config import ConfigError, add_cfg_options, load_config
 from tasks.figures.browse import PHASES, browse_dataset
 
@@ -29,7 +30,8 @@ def main(argv=None) -> list[str]:
         p.error(f"--n must be at least 1, got {args.n}")
     try:
         cfg = load_config(args.config, args.cfg_options)
-    except ConfigError as e:
+        check_writable(args.out_dir, folder=True)
+    except (ConfigError, OutputError) as e:
         if argv is not None:  # called from Python: the caller sees the exception
             raise
         raise SystemExit(f"error: {e}") from None

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from backbones.atomic import OutputError
 from backbones.export import FORMATS, ExportError
 from backbones.pretrained import CheckpointError
 from tasks.deploy.export import WEIGHTS, export_backbone, format_metrics
@@ -53,7 +54,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     try:
         meta = export_backbone(args.checkpoint, args.out, args.format, args.config, raw_weights=args.raw_weights)
-    except (CheckpointError, ExportError) as e:
+    except (CheckpointError, ExportError, OutputError) as e:
         if argv is not None:  # called from Python: let the caller see the exception
             raise
         sys.exit(f"error: {e}")

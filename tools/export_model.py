@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from backbones.atomic import OutputError
 from backbones.export import ExportError
 from backbones.pretrained import CheckpointError
 from tasks.deploy.export import WEIGHTS, export_model, format_metrics
@@ -41,7 +42,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     try:
         meta = export_model(args.checkpoint, args.out, args.config, raw_weights=args.raw_weights)
-    except (CheckpointError, ExportError) as e:
+    except (CheckpointError, ExportError, OutputError) as e:
         if argv is not None:
             raise
         sys.exit(f"error: {e}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from backbones.atomic import OutputError
 from backbones.pretrained import CheckpointError
 from tasks.config import ConfigError, add_cfg_options
 from tasks.deploy.inference import InputError, run_inference
@@ -55,7 +56,7 @@ def main(argv=None) -> list[str]:
             cfg_options=args.cfg_options,
             progress=not args.no_progress,
         )
-    except (InputError, CheckpointError, ConfigError) as e:
+    except (InputError, CheckpointError, ConfigError, OutputError) as e:
         if argv is not None:
             raise
         sys.exit(f"error: {e}")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
+from backbones.atomic import OutputError, check_writable
 from backbones.errors import CheckpointError
 from backbones.weights import check_checkpoint_path, load_state_dict_checked
 from tasks import build_task
@@ -117,7 +118,7 @@ def main(argv=None, callbacks=()) -> dict:
         raise SystemExit("--format-only writes submission files only: give the directory with --out-dir DIR")
     try:
         return test(args, callbacks)
-    except (ConfigError, CheckpointError) as e:
+    except (ConfigError, CheckpointError, OutputError) as e:
         if argv is not None:  # called from Python: the caller sees the exception
             raise
         raise SystemExit(f"error: {e}") from None
@@ -133,6 +134,16 @@ def test(args: argparse.Namespace, callbacks=()) -> dict:
         dataset.pipeline = without_annotation_loading(dataset.pipeline)
         (dataset.get("data_prefix") or {}).pop("seg_map_path", None)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
+    # every output is checked before the model runs: an unwritable path would fail only at the end
+    if not args.format_only:
+        check_writable(args.out or osp.join(work_dir, "test_metrics.json"))
+    for folder in (args.show_dir, args.out_dir):
+        if folder:
+            check_writable(folder, folder=True)
+    if args.dump and cfg.default_scope == "mmdet":
+        check_writable(args.dump)
+    elif args.dump:  # mmseg's PNG folder appears complete at the end: only its parent is made now
+        check_writable(osp.dirname(osp.abspath(args.dump)), folder=True)
     module, datamodule = build_task(cfg, init_weights=False)  # the checkpoint provides every weight
     if args.tta:
         enable_tta(cfg, module, args.config)

@@ -33,6 +33,7 @@ import os.path as osp
 import torch
 
 from backbones import FAMILIES, CheckpointError, family_of, load_pretrained
+from backbones.atomic import OutputError, check_writable
 from backbones.attention_maps import last_blocks, record_attention
 from tasks.config import ConfigError, add_cfg_options, build_from_registry, load_config, register_scope
 from tasks.figures.attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
@@ -205,7 +206,8 @@ def main(argv=None) -> list[str]:
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.cfg_options)
-    except ConfigError as e:
+        check_writable(args.out_dir, folder=True)
+    except (ConfigError, OutputError) as e:
         raise SystemExit(f"error: {e}") from e
     register_scope(cfg.default_scope)
     from mmengine.registry import MODELS

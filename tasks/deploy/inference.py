@@ -38,7 +38,7 @@ from mmdet.apis.det_inferencer import IMG_EXTENSIONS  # what DetInferencer takes
 from mmengine.dataset import pseudo_collate
 from PIL import Image
 
-from backbones.atomic import atomic_write
+from backbones.atomic import atomic_write, check_writable
 from backbones.pretrained import load_pretrained
 from backbones.weights import CheckpointError, check_checkpoint_path, load_state_dict_checked
 
@@ -286,6 +286,7 @@ def run_inference(
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     images = find_images(inputs)  # before the model is built: bad inputs fail fast
+    check_writable(out_dir, folder=True)
     inferencer = build_inferencer(config, checkpoint, device, cfg_options)
     predict(inferencer, images, out_dir, batch_size, score_thr, progress)
     return images
