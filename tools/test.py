@@ -42,7 +42,7 @@ from tasks.config import ConfigError, add_cfg_options, default_work_dir, load_co
 from tasks.data.module import without_annotation_loading
 from tasks.deploy.checkpoints import read_training_checkpoint
 from tasks.deploy.submission import SubmissionWriter
-from tasks.evaluation.dump import PredictionDump, check_dump_path
+from tasks.evaluation.dump import DumpPathError, PredictionDump, check_dump_path
 from tasks.evaluation.tta import enable_tta
 from tasks.figures.predictions import PredictionWriter
 from tasks.training.checkpoint_io import write_json
@@ -118,7 +118,7 @@ def main(argv=None, callbacks=()) -> dict:
         raise SystemExit("--format-only writes submission files only: give the directory with --out-dir DIR")
     try:
         return test(args, callbacks)
-    except (ConfigError, CheckpointError, OutputError) as e:
+    except (ConfigError, CheckpointError, OutputError, DumpPathError) as e:
         if argv is not None:  # called from Python: the caller sees the exception
             raise
         raise SystemExit(f"error: {e}") from None

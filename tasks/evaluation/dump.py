@@ -50,20 +50,24 @@ def _dump_det_results():
     return type("DumpDetResults", (DumpDetResults,), {"default_prefix": PREFIX})
 
 
+class DumpPathError(ValueError):
+    """A ``--dump`` path of the wrong kind for the task's analysis tools (the message says which kind)."""
+
+
 def check_dump_path(path: str, scope: str) -> None:
-    """Raise a ValueError when ``path`` is not what ``scope``'s analysis tools read (see the module docstring).
+    """Raise a DumpPathError when ``path`` is not what ``scope``'s analysis tools read (see the module docstring).
 
     Args:
         path: the ``--dump`` argument.
         scope: ``'mmdet'`` or ``'mmseg'``.
     """
     if scope == "mmdet" and not path.endswith(PICKLE_SUFFIXES):
-        raise ValueError(
+        raise DumpPathError(
             f"--dump {path}: mmdet's analysis tools read a pickle (DumpDetResults' format); give a file ending "
             "in .pkl or .pickle"
         )
     if scope == "mmseg" and (path.endswith(PICKLE_SUFFIXES) or osp.isfile(path)):
-        raise ValueError(
+        raise DumpPathError(
             f"--dump {path}: mmseg's confusion_matrix.py reads a folder of label PNGs (as mmseg's "
             "tools/test.py --out writes), not a file; give a directory path"
         )
