@@ -62,6 +62,26 @@ def add_cfg_options(parser: argparse.ArgumentParser, help: str = CFG_OPTIONS_HEL
     parser.add_argument("--cfg-options", nargs="+", action=DictAction, default={}, metavar="KEY=VALUE", help=help)
 
 
+def torch_device(value: str) -> str:
+    """``--device`` of the tools (an argparse ``type``): ``value`` if torch names a device by it and that device is
+    here, else an ``argparse.ArgumentTypeError`` saying what to give (argparse prints it with the usage).
+
+    Args:
+        value: e.g. ``'cpu'``, ``'cuda'``, ``'cuda:1'``.
+    """
+    import torch
+
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a torch device; give cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{value!r}: torch finds no CUDA device here; give cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{value!r}: there are {torch.cuda.device_count()} CUDA devices here")
+    return value
+
+
 def parse_cfg_options(options: list[str]) -> dict:
     """``KEY=VALUE`` strings (as after ``--cfg-options`` on a command line) parsed the way the tools parse them.
 

@@ -1,5 +1,7 @@
 """tools/print_config.py: the resolved config, with the overrides, as mmengine's pretty_text."""
 
+import re
+
 import pytest
 from mmengine.config import Config
 from PIL import Image
@@ -53,3 +55,17 @@ def test_a_bad_config_path_is_named_without_a_traceback(tool, case, message, tmp
     with pytest.raises(SystemExit, match="^error: " + message):
         load_tool(tool).main()
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("tool", ["infer", "visualize_attention"])
+@pytest.mark.parametrize(
+    "device, message",
+    [("cdua", r"'cdua' is not a torch device; give cpu, cuda or cuda:N"), ("cuda:99", r"'cuda:99': ")],
+)
+def test_a_misspelt_device_is_a_usage_error(tool, device, message, capsys):
+    # torch raised "Expected one of cpu, cuda, ipu, ..." from inside the model's .to() after the model was built
+    argv = [SEG_CFG, "x.ckpt", "x.jpg", "--out-dir", "out", "--device", device]
+    with pytest.raises(SystemExit) as exit_info:
+        load_tool(tool).main(argv)
+    assert exit_info.value.code == 2
+    assert re.search(rf"error: argument --device: {message}", capsys.readouterr().err)

@@ -35,7 +35,14 @@ import torch
 from backbones import FAMILIES, CheckpointError, family_of, load_pretrained
 from backbones.atomic import OutputError, check_writable
 from backbones.attention_maps import last_blocks, record_attention
-from tasks.config import ConfigError, add_cfg_options, build_from_registry, load_config, register_scope
+from tasks.config import (
+    ConfigError,
+    add_cfg_options,
+    build_from_registry,
+    load_config,
+    register_scope,
+    torch_device,
+)
 from tasks.figures.attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
 
 # a family's picture kind (``Family.picture``) -> the file name suffix of its picture
@@ -73,7 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "the stage's super-token grid; one per drawn stage, or one for all "
         "(default: the super token under --point)",
     )
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. 'cpu' or 'cuda' (default: cpu)")
+    parser.add_argument(
+        "--device", type=torch_device, default="cpu", help="torch device, e.g. 'cpu' or 'cuda' (default: cpu)"
+    )
     add_cfg_options(parser)
     return parser.parse_args(argv)
 
