@@ -42,7 +42,7 @@ from backbones.atomic import atomic_write, check_writable
 from backbones.pretrained import load_pretrained
 from backbones.weights import CheckpointError, check_checkpoint_path, load_state_dict_checked
 
-from ..config import load_config, register_scope
+from ..config import check_config_path, load_config, register_scope
 from ..data.module import without_annotation_loading
 from ..figures.predictions import drawable_detections
 from .checkpoints import read_training_checkpoint
@@ -285,7 +285,8 @@ def run_inference(
     """
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
-    images = find_images(inputs)  # before the model is built: bad inputs fail fast
+    images = find_images(inputs)  # before the model is built: bad inputs fail fast, and nothing is made for them
+    check_config_path(config)
     check_writable(out_dir, folder=True)
     inferencer = build_inferencer(config, checkpoint, device, cfg_options)
     predict(inferencer, images, out_dir, batch_size, score_thr, progress)
