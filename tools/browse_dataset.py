@@ -14,6 +14,7 @@ import argparse
 
 from backbones.atomic import OutputError, check_writable
 from tasks.config import ConfigError, add_cfg_options, load_config
+from tasks.data.checks import DataError, DataPathError
 from tasks.figures.browse import PHASES, browse_dataset
 
 
@@ -31,11 +32,11 @@ def main(argv=None) -> list[str]:
     try:
         cfg = load_config(args.config, args.cfg_options)
         check_writable(args.out_dir, folder=True)
-    except (ConfigError, OutputError) as e:
+        written = browse_dataset(cfg, args.out_dir, args.phase, args.n, progress=not args.no_progress)
+    except (ConfigError, OutputError, DataPathError, DataError) as e:
         if argv is not None:  # called from Python: the caller sees the exception
             raise
         raise SystemExit(f"error: {e}") from None
-    written = browse_dataset(cfg, args.out_dir, args.phase, args.n, progress=not args.no_progress)
     print(f"wrote {len(written)} picture(s) of the {args.phase} split to {args.out_dir}")
     return written
 

@@ -39,6 +39,7 @@ from backbones.errors import CheckpointError
 from backbones.weights import check_checkpoint_path, load_state_dict_checked
 from tasks import build_task
 from tasks.config import ConfigError, add_cfg_options, default_work_dir, load_config
+from tasks.data.checks import DataError, DataPathError
 from tasks.data.module import without_annotation_loading
 from tasks.deploy.checkpoints import read_training_checkpoint
 from tasks.deploy.submission import SubmissionWriter
@@ -118,7 +119,7 @@ def main(argv=None, callbacks=()) -> dict:
         raise SystemExit("--format-only writes submission files only: give the directory with --out-dir DIR")
     try:
         return test(args, callbacks)
-    except (ConfigError, CheckpointError, OutputError, DumpPathError) as e:
+    except (ConfigError, CheckpointError, OutputError, DumpPathError, DataPathError, DataError) as e:
         if argv is not None:  # called from Python: the caller sees the exception
             raise
         raise SystemExit(f"error: {e}") from None
