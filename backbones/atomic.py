@@ -42,14 +42,51 @@ def _remove_stale_temps(directory: str, name: str) -> None:
                 pass
 
 
+class OutputError(OSError):
+    """An output path that cannot be written: its folder cannot be created or written, or a file is expected where
+    a folder is (or the reverse). The message names the path and the reason; the tools print it without a
+    traceback."""
+
+
+def _cannot_write(path: str, error: OSError) -> OutputError:
+    where = f" ({error.filename})" if error.filename and error.filename != path else ""
+    return OutputError(f"cannot write {path!r}: {error.strerror or error}{where}; give a path in a writable folder")
+
+
+def check_writable(path: str | os.PathLike, folder: bool = False) -> None:
+    """Raise an ``OutputError`` unless ``path`` can be written, before any work is done for it: the folder that
+    will hold it is created (as the writers create it) and a temporary file is made and removed there.
+
+    Args:
+        path: the output file (or, with ``folder``, the output folder).
+        folder: ``path`` is a folder the tool fills (``--show-dir``, ``--out-dir``), not a file.
+    """
+    path = os.fspath(path)
+    if not folder and os.path.isdir(path):
+        raise OutputError(f"{path!r} is a folder: give the name of the file to write")
+    if folder and os.path.exists(path) and not os.path.isdir(path):
+        raise OutputError(f"{path!r} is a file: give a folder to write the outputs in")
+    directory = os.path.abspath(path) if folder else os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise _cannot_write(path, e) from None
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
-    """Call ``write(fileobj)`` on a temp file next to ``path``, fsync it, then rename it onto ``path``."""
+    """Call ``write(fileobj)`` on a temp file next to ``path``, fsync it, then rename it onto ``path``. A path
+    whose folder cannot be created or written raises an ``OutputError``."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     name = os.path.basename(path)
-    _remove_stale_temps(directory, name)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.{_HOST}.{os.getpid()}.", suffix=".tmp", dir=directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        _remove_stale_temps(directory, name)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.{_HOST}.{os.getpid()}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise _cannot_write(path, e) from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

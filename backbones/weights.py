@@ -123,6 +123,12 @@ def check_checkpoint_path(path: str | os.PathLike, sha256: str | None = None) ->
             f"Checkpoint {path!r} is a URL ({scheme.group(0)}...) that this loader cannot fetch; STViT / HAT-Net "
             "load local files and http(s):// URLs only. Download the checkpoint and pass its path."
         )
+    if os.path.isdir(path):
+        ckpts = sorted(f for f in os.listdir(path) if f.endswith((".ckpt", ".pth", ".pt", ".safetensors")))
+        raise CheckpointError(
+            f"Checkpoint {path!r} is a folder, not a checkpoint file: give a file in it"
+            + (f" ({', '.join(ckpts[:5])}{', ...' if len(ckpts) > 5 else ''})." if ckpts else ".")
+        )
     if not os.path.isfile(path):
         raise CheckpointError(
             f"Checkpoint file not found: {path!r}. Check the path (relative paths are resolved from {os.getcwd()!r})."

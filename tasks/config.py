@@ -19,6 +19,36 @@ from .config_keys import check_keys
 from .scopes import SCOPES, register_scope  # noqa: F401 - register_scope: imported from here by the rooms
 
 CFG_OPTIONS_HELP = "override config keys (values parsed as literals)"
+CONFIG_SUFFIXES = (".py", ".json", ".yaml", ".yml")  # what mmengine's Config.fromfile reads
+
+
+class ConfigError(ValueError):
+    """A config that cannot be read or is not one of this project's tasks; the message names the file and the fix.
+    The tools print it without a traceback."""
+
+
+def check_config_path(path: str | os.PathLike) -> None:
+    """Raise a ``ConfigError`` unless ``path`` is a config file mmengine reads (before mmengine's parser, whose
+    errors come from deep inside it or, for a folder, call it missing).
+
+    Args:
+        path: the config argument of a tool.
+    """
+    path = os.fspath(path)
+    if osp.isdir(path):
+        raise ConfigError(
+            f"config {path!r} is a folder: give the config file (a work dir of tools/train.py holds the run's "
+            "resolved config as <config name>.py)"
+        )
+    if not osp.isfile(path):
+        raise ConfigError(
+            f"config file not found: {path!r} (relative paths are resolved from {os.getcwd()!r}); check the path"
+        )
+    if not path.endswith(CONFIG_SUFFIXES):
+        raise ConfigError(
+            f"{path!r} is not an mmengine config (a {' / '.join(CONFIG_SUFFIXES)} file); did you swap the config "
+            "and another argument?"
+        )
 
 
 # A value holding a dict: ``dict(`` anywhere, or ``{`` first (after the brackets of a list / tuple).
@@ -57,6 +87,26 @@ def add_cfg_options(parser: argparse.ArgumentParser, help: str = CFG_OPTIONS_HEL
     )
 
 
+def torch_device(value: str) -> str:
+    """``--device`` of the tools (an argparse ``type``): ``value`` if torch names a device by it and that device is
+    here, else an ``argparse.ArgumentTypeError`` saying what to give (argparse prints it with the usage).
+
+    Args:
+        value: e.g. ``'cpu'``, ``'cuda'``, ``'cuda:1'``.
+    """
+    import torch
+
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a torch device; give cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{value!r}: torch finds no CUDA device here; give cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{value!r}: there are {torch.cuda.device_count()} CUDA devices here")
+    return value
+
+
 def parse_cfg_options(options: list[str]) -> dict:
     """``KEY=VALUE`` strings (as after ``--cfg-options`` on a command line) parsed the way the tools parse them.
 
@@ -71,18 +121,20 @@ def parse_cfg_options(options: list[str]) -> dict:
 def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Config:
     """Read an mmengine config (``_base_`` / ``mmdet::`` inheritance, ``custom_imports``), apply
     ``--cfg-options`` overrides (already parsed to literals by mmengine's ``DictAction``) and check its keys
-    against the key table (``tasks.config_keys.check_keys``: unknown and refused keys raise a ValueError).
+    against the key table (``tasks.config_keys.check_keys``: unknown and refused keys raise a ValueError). A path
+    that is not a config file, or a config of neither task, raises a ``ConfigError``.
 
     Args:
         path: the config file.
         cfg_options: the parsed ``--cfg-options``.
     """
+    check_config_path(path)
     cfg = Config.fromfile(os.fspath(path))
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     scope = cfg.get("default_scope")
     if scope not in SCOPES:
-        raise ValueError(
+        raise ConfigError(
             f"{path}: default_scope must be one of {SCOPES} (inherit an mmdet:: or mmseg:: base config), got {scope!r}"
         )
     check_keys(cfg, os.fspath(path), overridden=tuple(cfg_options or ()))

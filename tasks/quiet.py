@@ -52,6 +52,13 @@ WARNING_FILTERS: tuple[tuple[str, type[Warning], str, str], ...] = (
         "mmseg 1.2's CrossEntropyLoss notes a default the paper recipes keep",
     ),
     (
+        r"The shape of value will convert from",
+        UserWarning,
+        r"mmengine\.structures\.pixel_data",
+        "mmseg 1.2's SegTTAModel (tools/test.py --tta) stores each merged (H, W) prediction in a PixelData, which "
+        "adds the channel dimension as every (1, H, W) prediction has it, and warns once per image size",
+    ),
+    (
         r"Grad strides do not match bucket view strides",
         UserWarning,
         r"torch\.autograd\.graph",

@@ -30,6 +30,15 @@ def test_defaults_follow_the_mode():
     assert (setting.size, setting.stoken_size, setting.threads) == ((64, 96), [8, 4, 2, 1], 1)
 
 
+@pytest.mark.parametrize("size", ["64", "64x", "axb", "0x64"])
+def test_a_misspelt_size_is_a_usage_error(size, capsys):
+    # "--size 64" failed inside the whole-model benchmark with "not enough values to unpack"
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.parse_args(["--size", size])
+    assert exit_info.value.code == 2
+    assert f"argument --size: {size!r}" in capsys.readouterr().err
+
+
 def test_compare_times_every_baseline_and_counts_the_model_math():
     # 256x256: STViT's stage 3 has 256 tokens, so its attention takes the oneDNN kernel that the flop
     # counter cannot see (7 % of the MACs at this size); the count, on the plain path, must still equal the

@@ -13,10 +13,11 @@ from tasks.training.summary import ParamsSummary
 from tests._tools import load_tool, warnings_as_errors
 
 
-def _test_run(run, tmp_path, capfd) -> tuple[dict, str]:
+def _test_run(run, tmp_path, capfd, *extra) -> tuple[dict, str]:
     out = tmp_path / "metrics.json"
+    capfd.readouterr()
     with warnings_as_errors():
-        load_tool("test").main([run.config, run.ckpt, "--work-dir", str(tmp_path), "--out", str(out)])
+        load_tool("test").main([run.config, run.ckpt, "--work-dir", str(tmp_path), "--out", str(out), *extra])
     captured = capfd.readouterr()
     return json.loads(out.read_text()), captured.out + captured.err
 
@@ -33,6 +34,31 @@ def test_testing_a_segmentor_prints_metrics_and_no_library_chatter(seg_run, tmp_
     assert "mIoU" in metrics and "mIoU" in console
     for chatter in ("Warning", "Tip:", "Be aware", "deprecated"):
         assert chatter not in console, chatter
+
+
+def _outputs(tmp_path, dump: str) -> list:
+    # every output of tools/test.py: the prediction dump, the submission files and the overlays
+    return ["--dump", str(tmp_path / dump), "--out-dir", str(tmp_path / "files"), "--show-dir", str(tmp_path / "vis")]
+
+
+# what the libraries printed on the way: pycocotools reading the annotation file for --out-dir, mmdet naming the
+# temporary folder of the submission files, mmengine's note on the metrics used to write --dump / --out-dir
+CHATTER = ("loading annotations into memory", "creating index", "results are saved", "prefix is not set", ".partial")
+
+
+def test_testing_a_detector_with_every_output_prints_no_warning_or_chatter(det_run, tmp_path, capfd):
+    _, console = _test_run(det_run, tmp_path, capfd, "--score-thr", "0", *_outputs(tmp_path, "det.pkl"))
+    for chatter in (*CHATTER, "Warning", "WARNING"):
+        assert chatter not in console, chatter
+    assert f"predictions dumped to {tmp_path / 'det.pkl'}" in console
+    assert sorted(os.listdir(tmp_path / "files")) == ["results.bbox.json", "results.segm.json"]
+
+
+def test_testing_a_segmentor_with_tta_and_every_output_prints_no_warning_or_chatter(seg_run, tmp_path, capfd):
+    _, console = _test_run(seg_run, tmp_path, capfd, "--tta", *_outputs(tmp_path, "pred"))
+    for chatter in (*CHATTER, "Warning", "WARNING"):
+        assert chatter not in console, chatter
+    assert f"predictions dumped to {tmp_path / 'pred'}" in console
 
 
 def test_the_training_summary_lists_parameters_without_a_flops_column():
@@ -88,3 +114,28 @@ def test_the_demo_serves_step_sized_blocks_from_the_heap():
             del block
         os._exit(0 if mapped == [1, 0] else 1)
     assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_prediction_overlays_draw_boxes_at_the_image_border_without_warnings(tmp_path):
+    # mmdet's boxes clipped to a W x H image reach x = W, y = H; mmengine's drawing warned "out of bounds" for
+    # each such image. The overlay is drawn, and the predictions the other callbacks read are left as they were.
+    import mmcv
+    import numpy as np
+    import torch
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+
+    from tasks.figures.predictions import PredictionWriter
+
+    image = tmp_path / "img.png"
+    mmcv.imwrite(np.full((40, 30, 3), 127, np.uint8), str(image))
+    boxes = torch.tensor([[0.0, 0.0, 30.0, 40.0], [28.5, 38.5, 30.0, 40.0], [5.0, 5.0, 10.0, 10.0]])
+    pred = InstanceData(bboxes=boxes.clone(), scores=torch.tensor([0.9, 0.8, 0.1]), labels=torch.tensor([0, 1, 0]))
+    sample = DetDataSample(metainfo=dict(img_path=str(image)), pred_instances=pred)
+    writer = PredictionWriter(str(tmp_path / "show"), "mmdet", score_thr=0.3)
+    writer.make_visualizer(dict(classes=("a", "b"), palette=[(255, 0, 0), (0, 255, 0)]), name="border-test")
+    with warnings_as_errors():
+        out = writer.draw(sample)
+    drawn = mmcv.imread(out)
+    assert drawn.shape == (40, 30, 3) and (drawn != 127).any()
+    assert torch.equal(sample.pred_instances.bboxes, boxes)

@@ -222,6 +222,12 @@ def test_dump_path_checked_before_the_run(tmp_path):
         test.main([SEG_CFG, "missing.ckpt", "--dump", str(tmp_path / "seg.pkl")])
 
 
+def test_the_command_line_names_a_wrong_dump_path_without_a_traceback(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["test.py", DET_CFG, "missing.ckpt", "--dump", str(tmp_path / "det.json")])
+    with pytest.raises(SystemExit, match=r"^error: --dump .*det\.json: mmdet's analysis tools read a pickle"):
+        load_tool("test").main()
+
+
 class Crash(L.Callback):
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if batch_idx == 1:
@@ -237,3 +243,21 @@ def test_a_crash_leaves_no_partial_dump(det_run, tmp_path):
     with pytest.raises(RuntimeError, match="crash in the middle"):
         load_tool("test").main([*args, "--cfg-options", *det_run.opts], callbacks=[Crash()])
     assert os.listdir(tmp_path / "dump") == []  # neither the pickle nor the spool
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["confusion-matrix", DET_CFG, "{tmp}/missing.pkl"], r"predictions not found: '.*missing\.pkl'; write them"),
+        (["confusion-matrix", SEG_CFG, "{tmp}/pred.pkl"], r"mmseg's confusion_matrix\.py reads a folder"),
+        (["analyze-results", DET_CFG, "{tmp}"], r"mmdet's analysis tools read a pickle"),
+        (["confusion-matrix", "{tmp}/missing.py", "{tmp}/d.pkl"], r"config file not found: '.*missing\.py'"),
+        (["coco-error-analysis", "{tmp}/results.bbox.json"], r"results file not found: '.*results\.bbox\.json'"),
+    ],
+)
+def test_analyze_names_a_missing_or_wrong_input_without_a_traceback(args, message, tmp_path):
+    # the library's script raised from inside mmengine.load (a missing pickle) or counted nothing
+    argv = [a.format(tmp=tmp_path) for a in args] + [str(tmp_path / "out")]
+    with pytest.raises(SystemExit, match="^error: (--dump .*: )?" + message):
+        load_tool("analyze").main(argv)
+    assert not (tmp_path / "out").exists()

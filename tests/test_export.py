@@ -392,3 +392,15 @@ def test_config_text_in_a_checkpoint_is_never_executed(det_run, tmp_path):
     with pytest.raises(ExportError, match="not plain literals.*not executed.*--config"):
         export_backbone(evil, tmp_path / "x.pth")
     assert not marker.exists() and not (tmp_path / "x.pth").exists()
+
+
+def test_the_export_tools_print_the_metrics_without_the_per_class_results(seg_run, tmp_path, capsys):
+    # the meta keeps every class's IoU and Acc (150 ADE20K classes); the summary printed a line of thousands
+    # of characters with them
+    capsys.readouterr()
+    export_backbone_tool.main([seg_run.ckpt, "--out", str(tmp_path / "bb.pth")])
+    meta = export_model_tool.main([seg_run.ckpt, "--out", str(tmp_path / "model.pth")])
+    out = capsys.readouterr().out
+    assert "per_class" in meta["metrics"] and "per_class" not in out
+    assert out.count(f"mIoU={seg_run.metrics['mIoU']:.4g}") == 2
+    assert max(len(line) for line in out.splitlines()) < 250, out

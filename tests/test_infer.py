@@ -14,7 +14,7 @@ from PIL import Image
 from backbones.pretrained import CheckpointError
 from tasks.deploy.export import export_backbone, export_model
 from tasks.deploy.inference import InputError, build_inferencer, find_images
-from tests._tools import load_tool
+from tests._tools import load_tool, warnings_as_errors
 
 infer_tool = load_tool("infer")
 # every detection in the JSON, so that the comparison has boxes and masks to compare after two training steps
@@ -136,6 +136,20 @@ def test_tool_reports_bad_input_without_a_traceback(det_run, tmp_path, monkeypat
     assert str(exit_info.value).startswith(f"error: no images matched [{pattern!r}] (image files end in .jpg")
 
 
+@pytest.mark.parametrize("run", ["det_run", "seg_run"])
+def test_a_normal_run_prints_no_warning_and_no_library_chatter(run, tiny_data, tmp_path, capfd, request):
+    # mmengine warned at every start that mmdet / mmseg have no 'function' registry, and mmengine's drawing
+    # warned for every box that reaches the image's right or bottom edge (mmdet clips boxes to x = W, y = H)
+    folder = tiny_data / ("tiny_coco/val2017" if run == "det_run" else "tiny_ade20k/images/validation")
+    image, run = sorted(glob.glob(str(folder / "*.jpg")))[0], request.getfixturevalue(run)
+    capfd.readouterr()
+    with warnings_as_errors():
+        infer_tool.main([run.config, run.ckpt, image, "--out-dir", str(tmp_path), "--score-thr", "0", "--no-progress"])
+    out = capfd.readouterr()
+    console = out.out + out.err
+    assert console.strip() == f"1 image(s): overlays in {tmp_path}/vis, predictions in {tmp_path}/preds"
+
+
 @pytest.mark.parametrize("scope", ["mmdet", "mmseg"])
 def test_the_private_inferencer_method_we_override_is_still_called_as_we_assume(scope):
     # build_inferencer overrides _load_weights_to_model, a private method of mmengine's BaseInferencer (no public
@@ -151,3 +165,6 @@ def test_the_private_inferencer_method_we_override_is_still_called_as_we_assume(
     source = inspect.getsource(BaseInferencer._init_model)
     assert "self._load_weights_to_model(model, checkpoint, cfg)" in source
     assert source.index("_load_weights_to_model(") < source.index("model.to(device)")
+    # _init_collate too (the batches are pseudo_collate's without mmengine's registry look-up)
+    assert list(inspect.signature(cls._init_collate).parameters) == ["self", "cfg"]
+    assert "self.collate_fn = self._init_collate(cfg)" in inspect.getsource(BaseInferencer.__init__)

@@ -1,7 +1,12 @@
 """tools/print_config.py: the resolved config, with the overrides, as mmengine's pretty_text."""
 
-from mmengine.config import Config
+import re
 
+import pytest
+from mmengine.config import Config
+from PIL import Image
+
+from tasks.config import ConfigError, load_config
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
 
@@ -20,3 +25,47 @@ def test_print_config_resolves_bases_and_overrides(capsys):
 def test_print_config_segmentation():
     cfg = Config.fromstring(load_tool("print_config").main([SEG_CFG]), ".py")
     assert cfg.default_scope == "mmseg" and cfg.model.decode_head.type == "UPerHead"
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing.py", r"config file not found: '.*missing\.py' \(relative paths are resolved from"),
+        ("folder", r"config '.*folder' is a folder: give the config file"),
+        ("last.ckpt", r"'.*last\.ckpt' is not an mmengine config \(a \.py / \.json / \.yaml / \.yml file\)"),
+    ],
+)
+@pytest.mark.parametrize("tool", ["print_config", "browse_dataset", "test", "infer", "visualize_attention"])
+def test_a_bad_config_path_is_named_without_a_traceback(tool, case, message, tmp_path, monkeypatch):
+    # mmengine's parser raised from deep inside itself (for a folder: "file ... does not exist")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "last.ckpt").write_bytes(b"not a config")
+    Image.new("RGB", (32, 32)).save(tmp_path / "x.jpg")
+    config = str(tmp_path / case)
+    argv = {
+        "print_config": [config],
+        "browse_dataset": [config, "--out-dir", str(tmp_path / "out")],
+        "test": [config, str(tmp_path / "last.ckpt")],
+        "infer": [config, str(tmp_path / "last.ckpt"), str(tmp_path / "x.jpg"), "--out-dir", str(tmp_path / "out")],
+        "visualize_attention": [config, str(tmp_path / "last.ckpt"), "x.jpg", "--out-dir", str(tmp_path / "out")],
+    }[tool]
+    with pytest.raises(ConfigError, match=message):
+        load_config(config)
+    monkeypatch.setattr("sys.argv", [f"{tool}.py", *argv])  # the command line: the message, no traceback
+    with pytest.raises(SystemExit, match="^error: " + message):
+        load_tool(tool).main()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("tool", ["infer", "visualize_attention"])
+@pytest.mark.parametrize(
+    "device, message",
+    [("cdua", r"'cdua' is not a torch device; give cpu, cuda or cuda:N"), ("cuda:99", r"'cuda:99': ")],
+)
+def test_a_misspelt_device_is_a_usage_error(tool, device, message, capsys):
+    # torch raised "Expected one of cpu, cuda, ipu, ..." from inside the model's .to() after the model was built
+    argv = [SEG_CFG, "x.ckpt", "x.jpg", "--out-dir", "out", "--device", device]
+    with pytest.raises(SystemExit) as exit_info:
+        load_tool(tool).main(argv)
+    assert exit_info.value.code == 2
+    assert re.search(rf"error: argument --device: {message}", capsys.readouterr().err)

@@ -400,3 +400,45 @@ def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
     with pytest.raises(Exception, match="Weights only load failed"):
         load_checkpoint(torch.nn.Linear(1, 1), str(path))
     assert not marker.exists()
+
+
+def test_an_unwritable_output_path_is_named_and_nothing_is_left(tmp_path):
+    from backbones.atomic import OutputError, check_writable
+
+    (tmp_path / "file").write_text("x")
+    bad = tmp_path / "file" / "sub" / "out.json"  # its folder cannot be made: a file is in the way
+    with pytest.raises(OutputError, match=rf"cannot write '{bad}': Not a directory .*; give a path in a writable"):
+        write_json(bad, {"a": 1})
+    with pytest.raises(OutputError, match="cannot write"):
+        check_writable(bad)
+    with pytest.raises(OutputError, match=rf"'{tmp_path}' is a folder: give the name of the file to write"):
+        check_writable(tmp_path)
+    with pytest.raises(OutputError, match=rf"'{tmp_path / 'file'}' is a file: give a folder"):
+        check_writable(tmp_path / "file", folder=True)
+    check_writable(tmp_path / "new" / "out.json")
+    check_writable(tmp_path / "dir", folder=True)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["dir", "file", "new"]  # no temp file left
+
+
+@pytest.mark.parametrize(
+    "tool, args",
+    [
+        ("test", [DET_CFG, "x.ckpt", "--out", "{bad}/m.json"]),
+        ("test", [DET_CFG, "x.ckpt", "--show-dir", "{bad}"]),
+        ("test", [DET_CFG, "x.ckpt", "--dump", "{bad}/d.pkl"]),
+        ("plot_curves", ["{tmp}", "--out", "{bad}/c.png"]),
+        ("get_flops", [SEG_CFG, "--out", "{bad}/f.json"]),
+        ("browse_dataset", [SEG_CFG, "--out-dir", "{bad}"]),
+        ("infer", [SEG_CFG, "x.ckpt", "{tmp}/x.jpg", "--out-dir", "{bad}"]),
+        ("visualize_attention", [SEG_CFG, "x.ckpt", "{tmp}/x.jpg", "--out-dir", "{bad}"]),
+    ],
+)
+def test_the_tools_name_an_unwritable_output_before_working_and_without_a_traceback(tool, args, tmp_path, monkeypatch):
+    # the folder of the output cannot be made: os.makedirs raised from inside the writers, after the work was done
+    (tmp_path / "file").write_text("x")
+    Image.new("RGB", (32, 32)).save(tmp_path / "x.jpg")
+    bad = tmp_path / "file" / "out"
+    argv = [a.format(bad=bad, tmp=tmp_path) for a in args]
+    monkeypatch.setattr("sys.argv", [f"{tool}.py", *argv])
+    with pytest.raises(SystemExit, match=rf"^error: cannot write '{bad}.*': Not a directory"):
+        load_tool(tool).main()

@@ -225,3 +225,22 @@ def test_tta_refused_where_it_cannot_work(data_opts, tmp_path):
     module, _ = build_task(cfg, init_weights=False)
     with pytest.raises(ValueError, match="no instance masks"):
         enable_tta(cfg, module)
+
+
+def test_the_command_line_names_a_missing_checkpoint_without_a_traceback(data_opts, tmp_path, monkeypatch):
+    ckpt = str(tmp_path / "missing.ckpt")
+    monkeypatch.setattr("sys.argv", ["test.py", DET_CFG, ckpt, "--cfg-options", *data_opts("tiny_coco")])
+    with pytest.raises(SystemExit, match=r"^error: Checkpoint file not found: '.*missing\.ckpt'\. Check the path"):
+        load_tool("test").main()
+
+
+def test_the_command_line_names_a_missing_dataset_path_without_a_traceback(data_opts, seg_ckpt, tmp_path, monkeypatch):
+    # the dataset is built inside trainer.test: its check's FileNotFoundError came with Lightning's traceback
+    opts = [*data_opts("tiny_ade20k"), f"test_dataloader.dataset.data_root={tmp_path / 'nowhere'}"]
+    monkeypatch.setattr("sys.argv", ["test.py", SEG_CFG, seg_ckpt, "--work-dir", str(tmp_path), "--cfg-options", *opts])
+    with pytest.raises(SystemExit, match=r"^error: test_dataloader\.dataset\.data_root '.*nowhere' does not exist\."):
+        load_tool("test").main()
+    browse = [SEG_CFG, "--out-dir", str(tmp_path / "b"), "--phase", "test", "--cfg-options", *opts]
+    monkeypatch.setattr("sys.argv", ["browse_dataset.py", *browse])
+    with pytest.raises(SystemExit, match=r"^error: test_dataloader\.dataset\.data_root '.*nowhere' does not exist\."):
+        load_tool("browse_dataset").main()

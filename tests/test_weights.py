@@ -283,3 +283,16 @@ def test_tools_take_a_checkpoint_url(det_run, server, tmp_path):
     meta = load_tool("export_backbone").main([url, "--out", str(out), "--config", det_run.config])
     assert meta["family"] == "stvit" and out.is_file()
     assert server.requests == ["/model.pth"]
+
+
+def test_a_folder_given_as_a_checkpoint_is_named_with_the_files_in_it(tmp_path):
+    # it was called "not found", which sends a user looking for a typo in a path that exists
+    from backbones.weights import check_checkpoint_path
+
+    (tmp_path / "last.ckpt").write_bytes(b"")
+    (tmp_path / "metrics.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=rf"'{tmp_path}' is a folder, not a checkpoint file: .*\(last\.ckpt\)\.$"):
+        check_checkpoint_path(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"is a folder, not a checkpoint file: give a file in it\.$"):
+        check_checkpoint_path(tmp_path / "empty")

@@ -28,6 +28,7 @@ import argparse
 
 from tasks.evaluation.analysis import (
     PLOT_CLASSES,
+    check_inputs,
     config_scope,
     run_script,
     runner_config,
@@ -57,8 +58,13 @@ def main(argv=None) -> None:
     if len(args) < needed or any(a.startswith("-") for a in args[:needed]):
         raise SystemExit(f"{ns.command}: give {USAGE[ns.command]} first (then the script's options)")
     library, script = SCRIPTS[ns.command]
+    try:
+        scope = None if ns.command == "coco-error-analysis" else config_scope(args[0])
+        check_inputs(ns.command, args, scope)
+    except ValueError as e:  # ConfigError too: the input at fault and the fix
+        raise SystemExit(f"error: {e}") from None
     if ns.command == "confusion-matrix":
-        library = config_scope(args[0])
+        library = scope
         if library == "mmseg":
             ours = argparse.ArgumentParser(prog=f"{ns.command} (mmseg)", add_help=False)
             ours.add_argument("--plot-classes", type=int, default=PLOT_CLASSES)

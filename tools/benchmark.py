@@ -50,15 +50,22 @@ def print_rows(rows):
         )
 
 
+def hxw(text: str) -> tuple[int, int]:
+    """``--size``: ``'HxW'`` as (H, W); anything else is a usage error naming the form."""
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HxW, e.g. 448x672") from None
+    if h < 1 or w < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: H and W must be positive")
+    return h, w
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES), default="stvit")
     p.add_argument("--arch", default="small", help="a preset of --family ('shrunk': the CPU-test archs)")
-    p.add_argument(
-        "--size",
-        type=lambda s: tuple(int(v) for v in s.lower().split("x")),
-        help="HxW (default 448x672; 224x224 with --throughput)",
-    )
+    p.add_argument("--size", type=hxw, help="HxW (default 448x672; 224x224 with --throughput)")
     p.add_argument("--batch", type=int, help="default 1; 64 with --throughput")
     p.add_argument("--mode", choices=["train", "infer"], default="train")
     p.add_argument("--device", default="cpu")

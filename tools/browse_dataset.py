@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-from tasks.config import add_cfg_options, load_config
+from backbones.atomic import OutputError, check_writable
+from tasks.config import ConfigError, add_cfg_options, load_config
+from tasks.data.checks import DataError, DataPathError
 from tasks.figures.browse import PHASES, browse_dataset
 
 
@@ -27,8 +29,14 @@ def main(argv=None) -> list[str]:
     args = p.parse_args(argv)
     if args.n is not None and args.n < 1:
         p.error(f"--n must be at least 1, got {args.n}")
-    cfg = load_config(args.config, args.cfg_options)
-    written = browse_dataset(cfg, args.out_dir, args.phase, args.n, progress=not args.no_progress)
+    try:
+        cfg = load_config(args.config, args.cfg_options)
+        check_writable(args.out_dir, folder=True)
+        written = browse_dataset(cfg, args.out_dir, args.phase, args.n, progress=not args.no_progress)
+    except (ConfigError, OutputError, DataPathError, DataError) as e:
+        if argv is not None:  # called from Python: the caller sees the exception
+            raise
+        raise SystemExit(f"error: {e}") from None
     print(f"wrote {len(written)} picture(s) of the {args.phase} split to {args.out_dir}")
     return written
 

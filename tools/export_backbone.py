@@ -30,9 +30,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from backbones.atomic import OutputError
 from backbones.export import FORMATS, ExportError
 from backbones.pretrained import CheckpointError
-from tasks.deploy.export import WEIGHTS, export_backbone
+from tasks.deploy.export import WEIGHTS, export_backbone, format_metrics
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,11 +54,11 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     try:
         meta = export_backbone(args.checkpoint, args.out, args.format, args.config, raw_weights=args.raw_weights)
-    except (CheckpointError, ExportError) as e:
+    except (CheckpointError, ExportError, OutputError) as e:
         if argv is not None:  # called from Python: let the caller see the exception
             raise
         sys.exit(f"error: {e}")
-    metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in meta["metrics"].items())
+    metrics = format_metrics(meta["metrics"])
     print(
         f"wrote {args.out} ({meta['format']}): {meta['family']} backbone, {WEIGHTS[meta['weights']]}, "
         f"{meta['num_tensors']} tensors, "

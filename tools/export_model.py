@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from backbones.atomic import OutputError
 from backbones.export import ExportError
 from backbones.pretrained import CheckpointError
-from tasks.deploy.export import WEIGHTS, export_model
+from tasks.deploy.export import WEIGHTS, export_model, format_metrics
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,7 +42,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     try:
         meta = export_model(args.checkpoint, args.out, args.config, raw_weights=args.raw_weights)
-    except (CheckpointError, ExportError) as e:
+    except (CheckpointError, ExportError, OutputError) as e:
         if argv is not None:
             raise
         sys.exit(f"error: {e}")
@@ -49,7 +50,7 @@ def main(argv=None) -> dict:
     print(
         f"wrote {args.out}: {WEIGHTS[meta['weights']]}, {len(classes)} classes, step {meta['iter']}, "
         f"epoch {meta['epoch']}, "
-        f"metrics {meta['metrics']}\nsha256 of the tensors: {meta['sha256']}"
+        f"metrics: {format_metrics(meta['metrics']) or 'none'}\nsha256 of the tensors: {meta['sha256']}"
     )
     return meta
 

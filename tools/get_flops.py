@@ -29,9 +29,10 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
+from backbones.atomic import OutputError, check_writable
 from perf.flops import model_flops
 from perf.report import write_json
-from tasks.config import add_cfg_options
+from tasks.config import ConfigError, add_cfg_options, check_config_path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,8 +74,12 @@ def format_report(config: str, res: dict) -> str:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if not osp.isfile(args.config):
-        raise FileNotFoundError(f"config {args.config} does not exist")
+    try:
+        check_config_path(args.config)
+        if args.out:
+            check_writable(args.out)  # before the counting
+    except (ConfigError, OutputError) as e:
+        raise SystemExit(f"error: {e}") from None
     res = model_flops(args.config, args.shape, args.cfg_options)
     print(format_report(args.config, res))
     if args.out:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from backbones.atomic import OutputError
 from backbones.pretrained import CheckpointError
-from tasks.config import add_cfg_options
+from tasks.config import ConfigError, add_cfg_options, torch_device
 from tasks.deploy.inference import InputError, run_inference
 
 
@@ -32,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders or glob patterns")
     parser.add_argument("--out-dir", required=True, help="output folder (vis/ and preds/ are written in it)")
     parser.add_argument("--batch-size", type=int, default=1, help="images per forward pass (default: 1)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1... (default: a GPU when there is one)")
+    parser.add_argument("--device", type=torch_device, help="cpu, cuda, cuda:1... (default: a GPU when there is one)")
     parser.add_argument(
         "--score-thr", type=float, default=0.3, help="draw detections above this score (all are in the JSON)"
     )
@@ -55,7 +56,7 @@ def main(argv=None) -> list[str]:
             cfg_options=args.cfg_options,
             progress=not args.no_progress,
         )
-    except (InputError, CheckpointError) as e:
+    except (InputError, CheckpointError, ConfigError, OutputError) as e:
         if argv is not None:
             raise
         sys.exit(f"error: {e}")

@@ -28,6 +28,7 @@ import re
 import statistics
 from pathlib import Path
 
+from backbones.atomic import OutputError, check_writable
 from perf.report import save_figure
 
 GROUPS = ("losses", "learning rate", "validation metrics", "other training values")
@@ -200,6 +201,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.out and not args.train_time:
         p.error("give --out (the curves' PNG), --train-time, or both")
+    if args.out:
+        try:
+            check_writable(args.out)
+        except OutputError as e:
+            raise SystemExit(f"error: {e}") from None
     if args.train_time:
         for d in args.work_dirs:
             print(format_train_time(d, train_time(d, args.include_outliers)))

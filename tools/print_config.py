@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from tasks.config import add_cfg_options, load_config
+from tasks.config import ConfigError, add_cfg_options, load_config
 
 
 def resolved_text(config: str, cfg_options: dict | None = None) -> str:
@@ -29,7 +29,12 @@ def main(argv=None) -> str:
     p.add_argument("config", help="an mmengine config")
     add_cfg_options(p)
     args = p.parse_args(argv)
-    text = resolved_text(args.config, args.cfg_options)
+    try:
+        text = resolved_text(args.config, args.cfg_options)
+    except ConfigError as e:
+        if argv is not None:  # called from Python: the caller sees the exception
+            raise
+        raise SystemExit(f"error: {e}") from None
     print(text)
     return text
 

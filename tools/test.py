@@ -34,13 +34,16 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
+from backbones.atomic import OutputError, check_writable
+from backbones.errors import CheckpointError
 from backbones.weights import check_checkpoint_path, load_state_dict_checked
 from tasks import build_task
-from tasks.config import add_cfg_options, default_work_dir, load_config
+from tasks.config import ConfigError, add_cfg_options, default_work_dir, load_config
+from tasks.data.checks import DataError, DataPathError
 from tasks.data.module import without_annotation_loading
 from tasks.deploy.checkpoints import read_training_checkpoint
 from tasks.deploy.submission import SubmissionWriter
-from tasks.evaluation.dump import PredictionDump, check_dump_path
+from tasks.evaluation.dump import DumpPathError, PredictionDump, check_dump_path
 from tasks.evaluation.tta import enable_tta
 from tasks.figures.predictions import PredictionWriter
 from tasks.training.checkpoint_io import write_json
@@ -114,6 +117,16 @@ def main(argv=None, callbacks=()) -> dict:
     args = parse_args(argv)
     if args.format_only and not args.out_dir:
         raise SystemExit("--format-only writes submission files only: give the directory with --out-dir DIR")
+    try:
+        return test(args, callbacks)
+    except (ConfigError, CheckpointError, OutputError, DumpPathError, DataPathError, DataError) as e:
+        if argv is not None:  # called from Python: the caller sees the exception
+            raise
+        raise SystemExit(f"error: {e}") from None
+
+
+def test(args: argparse.Namespace, callbacks=()) -> dict:
+    """Evaluate as ``args`` (``parse_args``) say, with extra Lightning ``callbacks``; return the metrics."""
     cfg = load_config(args.config, args.cfg_options)
     if args.dump:
         check_dump_path(args.dump, cfg.default_scope)  # before the model is built
@@ -122,6 +135,16 @@ def main(argv=None, callbacks=()) -> dict:
         dataset.pipeline = without_annotation_loading(dataset.pipeline)
         (dataset.get("data_prefix") or {}).pop("seg_map_path", None)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
+    # every output is checked before the model runs: an unwritable path would fail only at the end
+    if not args.format_only:
+        check_writable(args.out or osp.join(work_dir, "test_metrics.json"))
+    for folder in (args.show_dir, args.out_dir):
+        if folder:
+            check_writable(folder, folder=True)
+    if args.dump and cfg.default_scope == "mmdet":
+        check_writable(args.dump)
+    elif args.dump:  # mmseg's PNG folder appears complete at the end: only its parent is made now
+        check_writable(osp.dirname(osp.abspath(args.dump)), folder=True)
     module, datamodule = build_task(cfg, init_weights=False)  # the checkpoint provides every weight
     if args.tta:
         enable_tta(cfg, module, args.config)

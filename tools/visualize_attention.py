@@ -33,8 +33,16 @@ import os.path as osp
 import torch
 
 from backbones import FAMILIES, CheckpointError, family_of, load_pretrained
+from backbones.atomic import OutputError, check_writable
 from backbones.attention_maps import last_blocks, record_attention
-from tasks.config import add_cfg_options, build_from_registry, load_config, register_scope
+from tasks.config import (
+    ConfigError,
+    add_cfg_options,
+    build_from_registry,
+    load_config,
+    register_scope,
+    torch_device,
+)
 from tasks.figures.attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
 
 # a family's picture kind (``Family.picture``) -> the file name suffix of its picture
@@ -72,7 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "the stage's super-token grid; one per drawn stage, or one for all "
         "(default: the super token under --point)",
     )
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. 'cpu' or 'cuda' (default: cpu)")
+    parser.add_argument(
+        "--device", type=torch_device, default="cpu", help="torch device, e.g. 'cpu' or 'cuda' (default: cpu)"
+    )
     add_cfg_options(parser)
     return parser.parse_args(argv)
 
@@ -203,7 +213,11 @@ def output_path(out_dir: str, image_path: str, suffix: str, taken: set[str]) -> 
 def main(argv=None) -> list[str]:
     """Writes the PNGs and returns their paths."""
     args = parse_args(argv)
-    cfg = load_config(args.config, args.cfg_options)
+    try:
+        cfg = load_config(args.config, args.cfg_options)
+        check_writable(args.out_dir, folder=True)
+    except (ConfigError, OutputError) as e:
+        raise SystemExit(f"error: {e}") from e
     register_scope(cfg.default_scope)
     from mmengine.registry import MODELS
 

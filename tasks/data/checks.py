@@ -44,12 +44,16 @@ def _data_paths(ds_cfg: dict):
             yield f"data_prefix.{key}", osp.join(root, prefix)
 
 
+class DataPathError(FileNotFoundError):
+    """A dataset path of the config that does not exist; the message names the key, the path and the fix."""
+
+
 def check_dataset_paths(ds_cfg: dict, section: str) -> None:
-    """Raise ``FileNotFoundError`` naming the config key, the path and the fix for a ``data_root``,
-    ``ann_file`` or ``data_prefix`` of ``ds_cfg`` (wrappers included) that does not exist."""
+    """Raise ``DataPathError`` (a ``FileNotFoundError``) naming the config key, the path and the fix for a
+    ``data_root``, ``ann_file`` or ``data_prefix`` of ``ds_cfg`` (wrappers included) that does not exist."""
     for what, path in _data_paths(ds_cfg):
         if "://" not in path and not osp.exists(path):
-            raise FileNotFoundError(
+            raise DataPathError(
                 f"{section}.dataset.{what} '{path}' does not exist. For the demo data run "
                 f"`python tools/make_tiny_data.py --out data`; for your own copy pass "
                 f"`--cfg-options {section}.dataset.data_root=DIR` (and the other *_dataloader sections)."

@@ -37,6 +37,17 @@ from .checkpoints import TrainingCheckpoint, config_from_text, read_training_che
 WEIGHTS = {"ema": "EMA weights", "raw": "raw weights"}
 
 
+def format_metrics(metrics: Mapping) -> str:
+    """The validation metrics of an export's meta for the tools' one-line summary: ``name=value`` (4 significant
+    digits), without ``per_class`` (a value per class and metric, e.g. 150 ADE20K classes; it stays in the meta).
+
+    Args:
+        metrics: the meta's ``metrics`` dict.
+    """
+    flat = {k: v for k, v in metrics.items() if k != "per_class"}
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in flat.items())
+
+
 def backbone_config(cfg: Config | Mapping) -> tuple[str, dict]:
     """(family, backbone kwargs) from ``cfg.model.backbone``."""
     model = cfg.get("model") or {}

@@ -30,18 +30,21 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Sequence
+from functools import partial
 
 import cv2
 import torch
 from mmdet.apis.det_inferencer import IMG_EXTENSIONS  # what DetInferencer takes from a folder
+from mmengine.dataset import pseudo_collate
 from PIL import Image
 
-from backbones.atomic import atomic_write
+from backbones.atomic import atomic_write, check_writable
 from backbones.pretrained import load_pretrained
 from backbones.weights import CheckpointError, check_checkpoint_path, load_state_dict_checked
 
-from ..config import load_config, register_scope
+from ..config import check_config_path, load_config, register_scope
 from ..data.module import without_annotation_loading
+from ..figures.predictions import drawable_detections
 from .checkpoints import read_training_checkpoint
 from .export import check_against_model, dataset_meta
 
@@ -155,6 +158,12 @@ def build_inferencer(config: str, checkpoint: str, device: str | None = None, cf
         # and the visualizer takes its dataset_meta. The public route (weights=PATH) would skip our checks (keys and
         # shapes against the config, backbone exports, URLs with hashes). tests/test_infer.py checks the signature
         # and the call, so a change in mm fails there.
+        def _init_collate(self, cfg):
+            # mmengine looks the test loader's collate_fn up in the scope's 'function' registry, which mmdet and
+            # mmseg do not have: a WARNING at every start. The batches are pseudo_collate's, as tools/test.py's
+            # (MMDataModule) and mmengine's default.
+            return pseudo_collate
+
         def _load_weights_to_model(self, model, _checkpoint, cfg) -> None:
             self.weights_kind = load_weights(model, checkpoint, config)  # checked against the model, strict
             # The library's own loading of an mm checkpoint then sets the class names and palette (as
@@ -191,6 +200,10 @@ def _forward_by_size(inferencer, batch: dict) -> list:
     return preds
 
 
+def _inside_image(pred, line_width: int, score_thr: float):
+    return drawable_detections(pred, pred.ori_shape, score_thr, line_width)
+
+
 def predict(
     inferencer, images: Sequence[str], out_dir: str, batch_size: int = 1, score_thr: float = 0.3, progress: bool = True
 ) -> list[dict]:
@@ -208,6 +221,7 @@ def predict(
     from tqdm import tqdm
 
     detection = hasattr(inferencer, "pred2dict")
+    drawable = partial(_inside_image, score_thr=score_thr)
     vis_dir, preds_dir = osp.join(out_dir, "vis"), osp.join(out_dir, "preds")
     os.makedirs(vis_dir, exist_ok=True)
     os.makedirs(preds_dir, exist_ok=True)
@@ -225,7 +239,9 @@ def predict(
                 paths = list(images[start : start + batch_size])
                 (batch,) = inferencer.preprocess(paths, batch_size=len(paths))  # the test pipeline, collated
                 preds = inferencer.forward(batch[1]) if detection else _forward_by_size(inferencer, batch)
-                inferencer.visualize(paths, preds, **draw)  # writes STAGING/vis/<file name>
+                # writes STAGING/vis/<file name>; detection: the boxes drawn inside the image, the JSON keeps them
+                drawn = [drawable(pred, inferencer.visualizer.line_width) for pred in preds] if detection else preds
+                inferencer.visualize(paths, drawn, **draw)
                 for path, pred in zip(paths, preds):
                     name, stem = osp.basename(path), osp.splitext(osp.basename(path))[0]
                     if detection:
@@ -269,7 +285,9 @@ def run_inference(
     """
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
-    images = find_images(inputs)  # before the model is built: bad inputs fail fast
+    images = find_images(inputs)  # before the model is built: bad inputs fail fast, and nothing is made for them
+    check_config_path(config)
+    check_writable(out_dir, folder=True)
     inferencer = build_inferencer(config, checkpoint, device, cfg_options)
     predict(inferencer, images, out_dir, batch_size, score_thr, progress)
     return images

@@ -16,6 +16,9 @@ renames the finished files into place at the end.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import os.path as osp
 import shutil
@@ -25,6 +28,30 @@ import lightning as L
 import torch.distributed as dist
 
 COCO_PREFIX = "results"  # -> results.bbox.json, results.segm.json
+# IoUMetric's name prefix (mmengine warns about a metric without one); in format-only mode it computes no names
+PREFIX = "submission"
+
+
+class _DropSavedIn(logging.Filter):
+    """mmdet's ``CocoMetric`` logs ``results are saved in <dir>`` naming the temporary directory the files are
+    written in before they are renamed into place; tools/test.py says where they went."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("results are saved in")
+
+
+@contextlib.contextmanager
+def _quiet_coco_metric():
+    """Keep pycocotools' progress prints (reading the annotation file) and mmdet's temporary path off the console."""
+    from mmengine.logging import MMLogger
+
+    logger, drop = MMLogger.get_current_instance(), _DropSavedIn()
+    logger.addFilter(drop)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def _gather_to_rank0(items: list) -> list | None:
@@ -67,16 +94,17 @@ class SubmissionWriter(L.Callback):
                     "annotation file; test_dataloader.dataset has no ann_file"
                 )
             iou_types = ["bbox", "segm"] if getattr(pl_module.model, "with_mask", False) else ["bbox"]
-            self.metric = CocoMetric(
-                ann_file=ann_file,
-                metric=iou_types,
-                format_only=True,
-                outfile_prefix=osp.join(self.tmp_dir, COCO_PREFIX),
-            )
+            with _quiet_coco_metric():  # it reads the annotation file with pycocotools
+                self.metric = CocoMetric(
+                    ann_file=ann_file,
+                    metric=iou_types,
+                    format_only=True,
+                    outfile_prefix=osp.join(self.tmp_dir, COCO_PREFIX),
+                )
         else:
             from mmseg.evaluation import IoUMetric
 
-            self.metric = IoUMetric(format_only=True, output_dir=self.tmp_dir)
+            self.metric = IoUMetric(format_only=True, output_dir=self.tmp_dir, prefix=PREFIX)
             self.reduce_zero_label = bool(getattr(dataset, "reduce_zero_label", False))
         self.metric.dataset_meta = dataset.metainfo
 
@@ -94,7 +122,8 @@ class SubmissionWriter(L.Callback):
             if results is not None:
                 # in image id order, so that the files do not depend on the number of processes
                 results.sort(key=lambda gt_pred: gt_pred[1]["img_id"])
-                self.metric.compute_metrics(results)  # format_only: writes the json files, returns {}
+                with _quiet_coco_metric():
+                    self.metric.compute_metrics(results)  # format_only: writes the json files, returns {}
         for name in sorted(os.listdir(self.tmp_dir)):
             os.replace(osp.join(self.tmp_dir, name), osp.join(self.out_dir, name))
         shutil.rmtree(self.tmp_dir)

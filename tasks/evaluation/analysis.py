@@ -50,15 +50,44 @@ def script_path(library: str, name: str) -> str:
 
 
 def config_scope(config: str) -> str:
-    """The config's ``default_scope`` (``'mmdet'`` / ``'mmseg'``)."""
+    """The config's ``default_scope`` (``'mmdet'`` / ``'mmseg'``); a ``ConfigError`` for a path that is not a
+    config file or a config of neither library."""
     from mmengine.config import Config
 
-    if not osp.isfile(config):
-        raise FileNotFoundError(f"config {config} does not exist")
+    from ..config import ConfigError, check_config_path
+
+    check_config_path(config)
     scope = Config.fromfile(config).get("default_scope")
     if scope not in ("mmdet", "mmseg"):
-        raise ValueError(f"{config}: default_scope is {scope!r}; the analysis tools are mmdet's or mmseg's")
+        raise ConfigError(f"{config}: default_scope is {scope!r}; the analysis tools are mmdet's or mmseg's")
     return scope
+
+
+def check_inputs(command: str, args: list[str], scope: str | None) -> None:
+    """Raise a ``ValueError`` (``ConfigError`` for the config) naming the input and the fix when an input of
+    ``tools/analyze.py COMMAND ARGS`` is missing or of the wrong kind, before the library's script reads it.
+
+    Args:
+        command: ``'confusion-matrix'``, ``'analyze-results'`` or ``'coco-error-analysis'``.
+        args: the script's arguments (positional ones first).
+        scope: the config's scope (``config_scope``); None for ``coco-error-analysis``, which takes no config.
+    """
+    from .dump import check_dump_path
+
+    if command == "coco-error-analysis":
+        if not osp.isfile(args[0]):
+            raise ValueError(
+                f"results file not found: {args[0]!r}; tools/test.py CONFIG CKPT --out-dir DIR writes "
+                "DIR/results.bbox.json"
+            )
+        return
+    config, dump = args[0], args[1]
+    check_dump_path(dump, scope)  # a .pkl for mmdet, a folder for mmseg
+    found = osp.isfile(dump) if scope == "mmdet" else osp.isdir(dump)
+    if not found:
+        raise ValueError(
+            f"predictions not found: {dump!r}; write them with tools/test.py {config} CHECKPOINT --dump {dump}"
+        )
 
 
 def run_script(path: str, args: list[str]) -> None:

@@ -39,20 +39,35 @@ _HEADER = bytes([pickle.PROTO[0], PROTOCOL])
 _CHUNK = 1000  # items per MARK ... APPENDS group, as the pickler batches them
 
 
+# the metrics' name prefix: mmengine warns about a metric without one (these compute no metric names)
+PREFIX = "dump"
+
+
+def _dump_det_results():
+    """mmdet's ``DumpDetResults``, with the name prefix its constructor does not take."""
+    from mmdet.evaluation.metrics import DumpDetResults
+
+    return type("DumpDetResults", (DumpDetResults,), {"default_prefix": PREFIX})
+
+
+class DumpPathError(ValueError):
+    """A ``--dump`` path of the wrong kind for the task's analysis tools (the message says which kind)."""
+
+
 def check_dump_path(path: str, scope: str) -> None:
-    """Raise a ValueError when ``path`` is not what ``scope``'s analysis tools read (see the module docstring).
+    """Raise a DumpPathError when ``path`` is not what ``scope``'s analysis tools read (see the module docstring).
 
     Args:
         path: the ``--dump`` argument.
         scope: ``'mmdet'`` or ``'mmseg'``.
     """
     if scope == "mmdet" and not path.endswith(PICKLE_SUFFIXES):
-        raise ValueError(
+        raise DumpPathError(
             f"--dump {path}: mmdet's analysis tools read a pickle (DumpDetResults' format); give a file ending "
             "in .pkl or .pickle"
         )
     if scope == "mmseg" and (path.endswith(PICKLE_SUFFIXES) or osp.isfile(path)):
-        raise ValueError(
+        raise DumpPathError(
             f"--dump {path}: mmseg's confusion_matrix.py reads a folder of label PNGs (as mmseg's "
             "tools/test.py --out writes), not a file; give a directory path"
         )
@@ -118,9 +133,7 @@ class PredictionDump(L.Callback):
         dataset = trainer.datamodule.dataset("test")
         os.makedirs(osp.dirname(self.path), exist_ok=True)
         if self.scope == "mmdet":
-            from mmdet.evaluation.metrics import DumpDetResults
-
-            self.metric = DumpDetResults(out_file_path=self.path)
+            self.metric = _dump_det_results()(out_file_path=self.path)
             self.index = {dataset.get_data_info(i)["img_path"]: i for i in range(len(dataset))}
             fd, self.spool_path = tempfile.mkstemp(
                 prefix=f".{osp.basename(self.path)}.rank{trainer.global_rank}.",
@@ -138,7 +151,7 @@ class PredictionDump(L.Callback):
                 shutil.rmtree(self.tmp_dir, ignore_errors=True)
                 os.makedirs(self.tmp_dir)
             trainer.strategy.barrier()
-            self.metric = IoUMetric(format_only=True, output_dir=self.tmp_dir)
+            self.metric = IoUMetric(format_only=True, output_dir=self.tmp_dir, prefix=PREFIX)
         self.metric.dataset_meta = dataset.metainfo
 
     # ---- per batch -------------------------------------------------------------------------------

@@ -32,8 +32,11 @@ class PredictionWriter(L.Callback):
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
-        meta = trainer.datamodule.dataset("test").metainfo
-        name = f"show-rank{trainer.global_rank}"
+        self.make_visualizer(trainer.datamodule.dataset("test").metainfo, f"show-rank{trainer.global_rank}")
+
+    def make_visualizer(self, meta: dict, name: str = "show") -> None:
+        """Build the library's visualizer for the dataset's ``meta`` (classes, palette) under the instance ``name``
+        (mmengine keeps one visualizer per name)."""
         if self.scope == "mmdet":
             from mmdet.visualization import DetLocalVisualizer
 
@@ -54,16 +57,49 @@ class PredictionWriter(L.Callback):
         dataloader_idx: int = 0,
     ) -> None:
         for sample in outputs:
-            sample = sample.cpu()
-            image = mmcv.imread(sample.img_path, channel_order="rgb")
-            stem = osp.splitext(osp.basename(sample.img_path))[0]
-            out_file = osp.join(self.out_dir, f"{stem}.png")
-            if self.scope == "mmdet":
-                self.visualizer.add_datasample(
-                    stem, image, sample, draw_gt=False, out_file=out_file, pred_score_thr=self.score_thr
-                )
-            else:
-                # out_file=None: add_datasample leaves the drawing in the visualizer (no backends set)
-                self.visualizer.add_datasample(stem, image, sample, draw_gt=False, with_labels=True)
-                panel = np.concatenate([image, self.visualizer.get_image()], axis=1)
-                mmcv.imwrite(mmcv.rgb2bgr(panel), out_file)
+            self.draw(sample.cpu())
+
+    def draw(self, sample) -> str:
+        """Write the PNG of one predicted data sample (its ``img_path`` is read); return its path."""
+        image = mmcv.imread(sample.img_path, channel_order="rgb")
+        stem = osp.splitext(osp.basename(sample.img_path))[0]
+        out_file = osp.join(self.out_dir, f"{stem}.png")
+        if self.scope == "mmdet":
+            self.visualizer.add_datasample(
+                stem,
+                image,
+                drawable_detections(sample, image.shape[:2], self.score_thr, self.visualizer.line_width),
+                draw_gt=False,
+                out_file=out_file,
+                pred_score_thr=self.score_thr,
+            )
+        else:
+            # out_file=None: add_datasample leaves the drawing in the visualizer (no backends set)
+            self.visualizer.add_datasample(stem, image, sample, draw_gt=False, with_labels=True)
+            panel = np.concatenate([image, self.visualizer.get_image()], axis=1)
+            mmcv.imwrite(mmcv.rgb2bgr(panel), out_file)
+        return out_file
+
+
+def drawable_detections(sample, shape: tuple[int, int], score_thr: float, line_width: int):
+    """A new ``DetDataSample`` holding ``sample``'s detections above ``score_thr`` with their boxes moved inside
+    the last pixel row and column of an image of ``shape`` (H, W), and the labels' corners inside the image.
+
+    Boxes are continuous coordinates: a box clipped to the image reaches x = W, y = H, which mmengine's
+    ``draw_bboxes`` / ``draw_texts`` call out of bounds (they take pixel indices < W, < H) with a warning per image;
+    mmdet writes each class label at the box's corner + ``line_width``. ``sample`` is not changed: other readers
+    (``--dump``, ``--out-dir``, the JSON of tools/infer.py) keep the predictions as they are.
+    """
+    from mmdet.structures import DetDataSample
+
+    pred = sample.pred_instances
+    pred = pred[pred.scores > score_thr]  # indexing copies
+    if len(pred):
+        h, w = shape
+        boxes = pred.bboxes.clone()
+        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, max(w - 1, 0))
+        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, max(h - 1, 0))
+        boxes[:, 0] = boxes[:, 0].clamp(max=max(w - 1 - line_width, 0))
+        boxes[:, 1] = boxes[:, 1].clamp(max=max(h - 1 - line_width, 0))
+        pred.bboxes = boxes
+    return DetDataSample(metainfo=sample.metainfo, pred_instances=pred)
