@@ -15,16 +15,11 @@ from typing import Any
 from mmengine.config import Config, DictAction
 from mmengine.registry import Registry
 
-from .config_keys import check_keys
+from .config_keys import ConfigError, check_keys  # noqa: F401 - ConfigError: imported from here by the tools
 from .scopes import SCOPES, register_scope  # noqa: F401 - register_scope: imported from here by the rooms
 
 CFG_OPTIONS_HELP = "override config keys (values parsed as literals)"
 CONFIG_SUFFIXES = (".py", ".json", ".yaml", ".yml")  # what mmengine's Config.fromfile reads
-
-
-class ConfigError(ValueError):
-    """A config that cannot be read or is not one of this project's tasks; the message names the file and the fix.
-    The tools print it without a traceback."""
 
 
 def check_config_path(path: str | os.PathLike) -> None:

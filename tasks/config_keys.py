@@ -20,6 +20,12 @@ from collections.abc import Iterator, Mapping
 
 from .config_key_table import ANY, HONOURED, IGNORED, KEYS, REFUSED, VARIABLE, Key
 
+
+class ConfigError(ValueError):
+    """A config that cannot be read, is not one of this project's tasks, or holds a key that is unknown, refused or
+    wrong; the message names the file, the key and the fix. The tools print it without a traceback."""
+
+
 SECTIONS = ("train_cfg", "default_hooks", "env_cfg", "randomness", "auto_scale_lr", "optim_wrapper", "param_scheduler")
 STATUSES = (HONOURED, REFUSED, IGNORED, VARIABLE)
 # What mmengine's DefaultOptimWrapperConstructor reads of ``paramwise_cfg`` (with ``.get``: nothing else is read)
@@ -56,10 +62,10 @@ def _plain(value):
     return value
 
 
-def _unknown(where: str, name: str, valid, path: str, extra: str = "") -> ValueError:
+def _unknown(where: str, name: str, valid, path: str, extra: str = "") -> ConfigError:
     near = difflib.get_close_matches(name, sorted(valid), n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
-    return ValueError(
+    return ConfigError(
         f"{path}: unknown config key {where}{name!r}: nothing in this project reads it.{hint}{extra} "
         "The keys and what each does: docs/config_keys.md."
     )
@@ -106,7 +112,7 @@ def check_keys(cfg, path: str, overridden=()) -> None:
             user's choice, not a section that overrides their ``train_cfg`` unseen.
 
     Raises:
-        ValueError: an unknown key (with the closest valid ones), a refused key set to a value mm's bases do not
+        ConfigError: an unknown key (with the closest valid ones), a refused key set to a value mm's bases do not
             give it (with the alternative), or an invalid value of a checked key.
     """
     from lightning.pytorch.utilities import rank_zero_info
@@ -125,7 +131,7 @@ def check_keys(cfg, path: str, overridden=()) -> None:
             )
             raise _unknown(where, name, table, path, extra)
         if key.status == REFUSED and not _is_quiet(key, value):
-            raise ValueError(f"{path}: {where}{name}={value!r} is not supported here: {key.note}.")
+            raise ConfigError(f"{path}: {where}{name}={value!r} is not supported here: {key.note}.")
         if key.status == IGNORED and not _is_quiet(key, value):
             rank_zero_info(f"{path}: {where}{name} is ignored: {key.note}.")
     _check_values(cfg, path, overridden)
@@ -138,7 +144,7 @@ def _check_values(cfg, path: str, overridden=()) -> None:
 
     loop = (cfg.get("train_cfg") or {}).get("type")
     if loop not in (None, "EpochBasedTrainLoop", "IterBasedTrainLoop"):
-        raise ValueError(
+        raise ConfigError(
             f"{path}: train_cfg.type={loop!r} is not supported here: Lightning runs the loop, with "
             "EpochBasedTrainLoop's max_epochs or IterBasedTrainLoop's max_iters."
         )
@@ -146,7 +152,7 @@ def _check_values(cfg, path: str, overridden=()) -> None:
     auto = cfg.get("auto_scale_lr") or {}
     base = auto.get("base_batch_size")
     if auto.get("enable") and (not isinstance(base, int) or isinstance(base, bool) or base <= 0):
-        raise ValueError(
+        raise ConfigError(
             f"{path}: auto_scale_lr.enable=True needs auto_scale_lr.base_batch_size, the total batch size (GPUs x "
             f"images per GPU x accumulation) the config's lr was set for, e.g. auto_scale_lr.base_batch_size=16 for "
             f"mmdet's COCO schedules; got {base!r}"

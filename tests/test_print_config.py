@@ -1,4 +1,5 @@
-"""tools/print_config.py: the resolved config, with the overrides, as mmengine's pretty_text."""
+"""tools/print_config.py: the resolved config, with the overrides, as mmengine's pretty_text; and how every tool names a
+bad config path, option or trainer argument (no traceback from inside a library)."""
 
 import re
 
@@ -69,3 +70,31 @@ def test_a_misspelt_device_is_a_usage_error(tool, device, message, capsys):
         load_tool(tool).main(argv)
     assert exit_info.value.code == 2
     assert re.search(rf"error: argument --device: {message}", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["missing.py"], r"ConfigError: config file not found: '.*missing\.py'"),
+        ([SEG_CFG, "--cfg-options", "optim_wraper.clip_grad=None"], r"ConfigError: .*'optim_wraper'.*'optim_wrapper'"),
+    ],
+)
+def test_train_names_a_bad_config_without_a_traceback(options, message, tmp_path, capsys, monkeypatch):
+    # a failing rank prints one line naming itself and the error; a traceback only for errors that are not the input's
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        load_tool("train").cli([*options[:1], "--work-dir", str(tmp_path / "run"), *options[1:]])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "Traceback" not in err
+    assert re.search(r"^rank 0 failed: " + message, err, re.M), err
+
+
+def test_a_trainer_argument_lightning_refuses_is_named_as_a_config_error(tmp_path):
+    # Lightning's own check of trainer.devices raised a TypeError from inside its accelerator connector
+    from tasks.training.trainer import build_trainer
+
+    cfg = load_config(SEG_CFG, {"trainer.devices": "x"})
+    with pytest.raises(
+        ConfigError, match=r"^the trainer section: .*devices.*\(the Lightning Trainer got .*devices='x'"
+    ):
+        build_trainer(cfg, str(tmp_path), for_test=True)

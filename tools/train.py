@@ -18,7 +18,8 @@ tasks/training/optim.py and docs/training.md).
 On SIGUSR1 (the config's ``requeue_signal``) or SIGTERM, training stops at the next optimizer step with a
 checkpoint, a SLURM job is requeued, and the process exits with status 75 (tasks/training/restart.py).
 
-A process that fails prints ``rank R failed: <error>`` and exits with status 1; under Lightning's DDP
+A process that fails prints ``rank R failed: <error>`` (after the traceback, unless the error is in the config, a
+path or a checkpoint, which the message names) and exits with status 1; under Lightning's DDP
 launcher the other ranks are then killed (see tasks/training/trainer.py for the process-group timeout).
 """
 
@@ -35,15 +36,20 @@ import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from mmengine.logging import MMLogger
 
-from backbones.atomic import write_text
+from backbones.atomic import OutputError, write_text
+from backbones.errors import CheckpointError
 from tasks import build_task
-from tasks.config import add_cfg_options, config_text, default_work_dir, load_config
+from tasks.config import ConfigError, add_cfg_options, config_text, default_work_dir, load_config
+from tasks.data.checks import DataError, DataPathError
 from tasks.quiet import quiet_mm_console
 from tasks.training.checkpoint_io import apply_load_from, write_json
 from tasks.training.optim import enable_auto_scale_lr
 from tasks.training.restart import resume_checkpoint
 from tasks.training.trackers import finish_tracking
 from tasks.training.trainer import build_trainer, releasing_process_group
+
+# Errors of the user's input, whose messages name the file or key and the fix: printed without a traceback.
+USER_ERRORS = (ConfigError, CheckpointError, OutputError, DataPathError, DataError)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -133,7 +139,8 @@ def cli(argv=None, callbacks=()) -> None:
     try:
         main(argv, callbacks)
     except Exception as e:  # noqa: BLE001 - report which process failed, then exit non-zero
-        traceback.print_exc()
+        if not isinstance(e, USER_ERRORS):  # a bad config, path or checkpoint: the message says it all
+            traceback.print_exc()
         print(f"rank {_rank()} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

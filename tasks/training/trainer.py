@@ -40,10 +40,12 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.strategies import FSDPStrategy
 from mmengine.config import Config
 
+from ..config_keys import ConfigError
 from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
 from .ema import build_custom_hooks
@@ -268,7 +270,13 @@ def build_trainer(
         # Lightning's SLURM ranks and nodes, without its own requeue handler (tasks/training/restart.py says why).
         plugins.append(SLURMEnvironment(auto_requeue=False))
     os.makedirs(work_dir, exist_ok=True)
-    return L.Trainer(default_root_dir=work_dir, callbacks=callbacks, plugins=plugins, **kwargs)
+    try:
+        return L.Trainer(default_root_dir=work_dir, callbacks=callbacks, plugins=plugins, **kwargs)
+    except (MisconfigurationException, TypeError, ValueError) as e:  # Lightning's checks of its arguments
+        raise ConfigError(
+            f"the trainer section: {e} (the Lightning Trainer got "
+            f"{', '.join(f'{k}={v!r}' for k, v in sorted(kwargs.items()) if k != 'logger')}); fix the trainer.* key"
+        ) from e
 
 
 def _process_group_exists() -> bool:
