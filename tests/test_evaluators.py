@@ -183,3 +183,34 @@ def test_format_only_validation_has_no_metric_to_monitor(tmp_path):
     with pytest.raises(ValueError, match=r"monitor='bbox_mAP'.*logs no metric \(format_only=True writes.*monitor=None"):
         check_monitor(Config(dict(checkpoint_callback=dict(monitor="bbox_mAP"))), evaluator, "mmdet")
     check_monitor(Config(dict(checkpoint_callback=dict(monitor=None))), evaluator, "mmdet")
+
+
+class CountValidations(L.Callback):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        self.count += not trainer.sanity_checking
+
+
+def test_format_only_validation_runs_once_and_writes_the_results(data_opts, tmp_path):
+    # a format_only validation logs no metric: tools/train.py took that for "validation never ran" and validated
+    # (and wrote the result files) once more after fit
+    from tests._runs import run_here, seg_opts
+    from tests._tools import SEG_CFG
+
+    out, counter = tmp_path / "results", CountValidations()
+    opts = seg_opts(
+        data_opts,
+        "trainer.max_steps=1",
+        "trainer.val_check_interval=1",
+        "trainer.limit_val_batches=1",
+        "val_evaluator.format_only=True",
+        f"val_evaluator.output_dir={out}",
+    )
+    metrics = run_here(
+        "train", [SEG_CFG, "--work-dir", str(tmp_path / "run"), "--cfg-options", *opts], callbacks=[counter]
+    )
+    assert metrics == {} and counter.count == 1
+    written = [p.suffix for p in out.iterdir()]
+    assert written and set(written) == {".png"}  # the validation batch's label maps

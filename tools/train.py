@@ -117,7 +117,7 @@ def main(argv=None, callbacks=()) -> dict:
         # the resolved config, readable by Config.fromfile; not cfg.dump, whose yapf formatting takes seconds
         write_text(osp.join(work_dir, osp.basename(args.config)), config_text(cfg))
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
-    if not module.val_metrics:  # e.g. resumed a finished run, or validation never ran: measure now
+    if not module.val_metrics and not module.validated:  # e.g. resumed a finished run: measure now
         trainer.validate(module, datamodule=datamodule)
     if trainer.is_global_zero:
         write_json(osp.join(work_dir, "metrics.json"), module.val_metrics)

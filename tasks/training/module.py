@@ -56,6 +56,7 @@ class MMTaskModule(L.LightningModule):
             (``tasks.evaluation.select``).
         test_evaluator: the same for ``test_evaluator`` (the same object when both ask for the same).
         val_metrics: the last validation metrics (also stored in checkpoints as ``val_metrics``).
+        validated: a validation epoch ended in this process (``tools/train.py`` validates after ``fit`` otherwise).
         test_metrics: the metrics of the last ``trainer.test``.
         tta: the ``TTAPredictor`` that test steps predict with (``tasks.evaluation.tta.enable_tta``), or None.
         evaluate_test: False makes test steps only predict, without ground truth or metrics
@@ -83,6 +84,7 @@ class MMTaskModule(L.LightningModule):
         )
         # flat float metrics + 'per_class' (see tasks/evaluation/coco.py)
         self.val_metrics: dict = {}
+        self.validated = False  # a validation epoch ended in this process (its metrics may be none: format_only)
         self.test_metrics: dict = {}
         self.evaluate_test = True
         self.tta: TTAPredictor | None = None  # tasks.evaluation.tta.enable_tta sets it
@@ -236,7 +238,7 @@ class MMTaskModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         metrics = self._finish_eval(self.evaluator)
         if not self.trainer.sanity_checking:
-            self.val_metrics = metrics
+            self.val_metrics, self.validated = metrics, True
 
     def on_test_epoch_end(self) -> None:
         if self.evaluate_test:
