@@ -286,3 +286,22 @@ def test_auto_scale_lr_enabled_without_a_base_batch_size_names_the_key():
     with pytest.raises(ValueError, match=r"auto_scale_lr\.enable=True needs auto_scale_lr\.base_batch_size.*=16"):
         load_config(SEG_CFG, {"auto_scale_lr.enable": True})
     load_config(SEG_CFG, {"auto_scale_lr.enable": True, "auto_scale_lr.base_batch_size": 16})
+
+
+def test_an_epoch_scheduler_in_a_run_without_epochs_is_refused():
+    # mmengine's IterBasedTrainLoop never steps a by_epoch=True scheduler; here it stepped once per pass over the
+    # data, silently another schedule than the config's
+    import torch
+
+    from tasks.config import ConfigError
+    from tasks.training.optim import build_schedulers
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    steps = dict(max_epochs=-1, max_steps=10, epoch_length=lambda: 5)
+    cfg = dict(type="MultiStepLR", by_epoch=True, milestones=[1])
+    with pytest.raises(
+        ConfigError, match=r"param_scheduler\[1\] \(MultiStepLR\): by_epoch=True .*max_steps=10.*by_epoch=False"
+    ):
+        build_schedulers(optimizer, [dict(type="LinearLR", by_epoch=False, end=2), cfg], **steps)
+    (converted,) = build_schedulers(optimizer, [{**cfg, "convert_to_iter_based": True}], **steps)
+    assert converted["interval"] == "step" and converted["scheduler"].milestones == {5: 1}

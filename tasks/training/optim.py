@@ -26,6 +26,8 @@ from mmengine.registry import PARAM_SCHEDULERS
 from torch import nn
 from torch.optim import Optimizer
 
+from ..config_keys import ConfigError
+
 # OptimWrapper keys that Lightning handles (see tasks/training/trainer.py), dropped before mmengine builds it.
 _LIGHTNING_OWNED = ("clip_grad", "accumulative_counts", "loss_scale", "dtype", "use_fsdp")
 
@@ -96,7 +98,9 @@ def build_schedulers(
 ) -> list[dict]:
     """Return Lightning ``lr_scheduler`` config dicts, one per mm scheduler, in config order.
 
-    ``end`` defaults to the run length as in mmengine's Runner (for an iteration scheduler of an epoch-based run,
+    An epoch scheduler in a run without epochs (``max_steps`` only) is refused (mmengine's IterBasedTrainLoop never
+    steps it) unless ``convert_to_iter_based``. ``end`` defaults to the run length as in mmengine's Runner (for an
+    iteration scheduler of an epoch-based run,
     ``max_epochs`` x ``epoch_length()``); ``convert_to_iter_based=True`` needs the number of optimizer steps per
     epoch too, computed only when needed (``epoch_length()``).
     """
@@ -105,9 +109,16 @@ def build_schedulers(
     if isinstance(scheduler_cfgs, dict):
         scheduler_cfgs = [scheduler_cfgs]
     configs = []
-    for cfg in scheduler_cfgs:
+    iteration_based = max_steps > 0 and (max_epochs is None or max_epochs < 0)  # Lightning's -1: no epoch limit
+    for i, cfg in enumerate(scheduler_cfgs):
         cfg = copy.deepcopy(dict(cfg))
         by_epoch = cfg.get("by_epoch", True)
+        if by_epoch and iteration_based and not cfg.get("convert_to_iter_based", False):
+            raise ConfigError(
+                f"param_scheduler[{i}] ({cfg.get('type')}): by_epoch=True in a run of max_steps={max_steps} without "
+                "epochs, where mmengine's IterBasedTrainLoop never steps it; set by_epoch=False with begin / end / "
+                "milestones in iterations, or convert_to_iter_based=True (epochs of the train loader)"
+            )
         if "end" not in cfg:
             if by_epoch and max_epochs is not None and max_epochs > 0:
                 cfg["end"] = max_epochs
