@@ -73,7 +73,13 @@ class DropPath(nn.Module):
 
 
 def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> list[list[float]]:
-    """The linear stochastic-depth rule of both papers, split per stage."""
+    """The linear stochastic-depth rule of both papers, split per stage. ``drop_path_rate`` must lie in [0, 1):
+    the last block drops with exactly that probability, and 1 would drop every sample (NaN outputs in training)."""
+    if isinstance(drop_path_rate, bool) or not isinstance(drop_path_rate, (int, float)) or not 0 <= drop_path_rate < 1:
+        raise ValueError(
+            f"drop_path_rate must be a number in [0, 1) (the last block's stochastic-depth rate, e.g. 0.1); "
+            f"got {drop_path_rate!r}"
+        )
     rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
     out, start = [], 0
     for d in depths:
@@ -102,6 +108,12 @@ def check_input(x: torch.Tensor, model_name: str) -> None:
 
 
 def check_out_indices(out_indices: Sequence[int]) -> tuple[int, ...]:
+    """``out_indices`` checked (distinct stages 0..3) and sorted."""
+    if not isinstance(out_indices, Sequence) or isinstance(out_indices, str):
+        raise ValueError(
+            f"out_indices must be a sequence of stage indices in 0..{NUM_STAGES - 1}, e.g. (0, 1, 2, 3) or "
+            f"({out_indices!r},) for one stage; got {out_indices!r}"
+        )
     out_indices = tuple(int(i) for i in out_indices)
     if (
         not out_indices
@@ -110,6 +122,16 @@ def check_out_indices(out_indices: Sequence[int]) -> tuple[int, ...]:
     ):
         raise ValueError(f"out_indices must be distinct stage indices in 0..{NUM_STAGES - 1}; got {out_indices}")
     return tuple(sorted(out_indices))
+
+
+def check_frozen_stages(frozen_stages: int) -> int:
+    """``frozen_stages`` checked: -1 (nothing), 0 (the stem) .. 4 (the stem and every stage)."""
+    if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= NUM_STAGES:
+        raise ValueError(
+            f"frozen_stages must be an int in -1..{NUM_STAGES} (-1 freezes nothing, 0 the stem, k the stem and "
+            f"stages 0..k-1); got {frozen_stages!r}"
+        )
+    return frozen_stages
 
 
 def check_arch_lengths(arch: dict, keys: Sequence[str], family: str) -> None:
@@ -135,10 +157,12 @@ class StagedBackbone(nn.Module):
 
     Args:
         out_indices: the stages (0-3, strides 4/8/16/32) whose outputs ``forward`` returns, in order.
-        drop_path_rate: the largest stochastic-depth rate, reached by the last block (linear rule of the papers).
+        drop_path_rate: the largest stochastic-depth rate, in [0, 1), reached by the last block (linear rule of the
+            papers).
         with_cp: activation checkpointing of the blocks in training (less memory, one more forward): True / False
             for every stage, or 4 bools, one per stage (e.g. ``[False, False, True, True]``).
-        frozen_stages: -1 freezes nothing; 0 the stem; k the stem and stages 0..k-1 (eval mode, no gradients).
+        frozen_stages: -1 freezes nothing; 0 the stem; k (up to 4) the stem and stages 0..k-1 (eval mode, no
+            gradients).
         norm_eval: keep the BatchNorms in eval mode (running statistics) while training.
         pretrained: a checkpoint path or a loaded checkpoint object, loaded strictly by ``load_pretrained``.
         norm_out: add a norm (the family's ``make_norm``) to each output (not in the official models; new,
@@ -160,10 +184,12 @@ class StagedBackbone(nn.Module):
     def _setup_options(
         self, arch: dict, out_indices: Sequence[int], frozen_stages: int, norm_eval: bool, with_cp
     ) -> None:
-        """Record the resolved ``arch`` and the common options (``out_indices`` and ``with_cp`` checked)."""
+        """Record the resolved ``arch`` and the common options (``out_indices``, ``frozen_stages`` and ``with_cp``
+        checked)."""
         self.arch = arch
         self.out_indices = check_out_indices(out_indices)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, check_with_cp(with_cp)
+        self.frozen_stages = check_frozen_stages(frozen_stages)
+        self.norm_eval, self.with_cp = norm_eval, check_with_cp(with_cp)
 
     def _setup_outputs(
         self,

@@ -273,6 +273,29 @@ class _Layer(nn.Module):
         self.downsample = downsample
 
 
+def _check_stoken_size(stoken_size) -> list:
+    """``stoken_size`` as a list of 4 entries, each a positive int or an (h, w) pair of them; anything else (0,
+    negative sizes, a triple, a string) is refused here rather than running as another model or failing deep
+    inside the forward."""
+
+    def size_ok(s) -> bool:
+        return isinstance(s, int) and not isinstance(s, bool) and s > 0
+
+    entries = list(stoken_size) if isinstance(stoken_size, Sequence) and not isinstance(stoken_size, str) else None
+    if (
+        entries is None
+        or len(entries) != NUM_STAGES
+        or not all(
+            size_ok(s) or (isinstance(s, Sequence) and len(s) == 2 and all(size_ok(v) for v in s)) for s in entries
+        )
+    ):
+        raise ValueError(
+            f"STViT stoken_size must list {NUM_STAGES} super-token sizes, one per stage, each a positive int or an "
+            f"(h, w) pair of them (1 = global attention), e.g. [8, 4, 2, 1]; got {stoken_size!r}"
+        )
+    return entries
+
+
 class STViT(StagedBackbone):
     """STViT feature extractor returning the stride 4/8/16/32 stage outputs selected by ``out_indices``.
 
@@ -304,8 +327,9 @@ class STViT(StagedBackbone):
         super().__init__()
         arch = resolve_arch(arch, {**ARCHS, "shrunk": SHRUNK}, "STViT", _REQUIRED, _DEFAULTS)
         if stoken_size is not None:
-            arch["stoken_size"] = list(stoken_size)
+            arch["stoken_size"] = _check_stoken_size(stoken_size)
         check_arch_lengths(arch, ("embed_dims", "depths", "num_heads", "n_iter", "stoken_size", "layerscale"), "STViT")
+        _check_stoken_size(arch["stoken_size"])
         for dim, heads in zip(arch["embed_dims"], arch["num_heads"]):
             if dim % heads:
                 raise ValueError(f"STViT arch: embed dim {dim} is not divisible by its num_heads {heads}")

@@ -316,3 +316,28 @@ def test_outputs_are_contiguous_nchw(cls, arch):
     # Internals may run channels_last; consumers such as mmcv's RoIAlign read memory as NCHW.
     outs = cls(arch, norm_out=True).eval()(torch.randn(1, 3, 64, 96))
     assert all(o.is_contiguous() for o in outs)
+
+
+@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+def test_out_of_range_options_are_refused(cls, arch):
+    """Options outside their range are refused by name instead of freezing, dropping or attending silently
+    differently: ``frozen_stages`` beyond the 4 stages or below -1, a ``drop_path_rate`` outside [0, 1) (1 drops
+    every sample of the last block: NaN outputs in training), a non-integer ``out_indices``."""
+    for bad in (5, -2, 1.5, True):
+        with pytest.raises(ValueError, match=r"frozen_stages must be an int in -1\.\.4"):
+            cls(arch, frozen_stages=bad)
+    for bad in (-0.1, 1.0, "0.1"):
+        with pytest.raises(ValueError, match=r"drop_path_rate must be a number in \[0, 1\)"):
+            cls(arch, drop_path_rate=bad)
+    with pytest.raises(ValueError, match=r"out_indices must be a sequence of stage indices"):
+        cls(arch, out_indices=2)
+    assert cls(arch, frozen_stages=4).frozen_stages == 4
+
+
+def test_bad_stoken_size_is_refused():
+    """Super-token sizes must be positive ints or (h, w) pairs of them; 0, negatives or triples were accepted
+    and then ran as something else or failed deep inside the forward."""
+    for bad in ([0, 4, 2, 1], [-1, 4, 2, 1], [(8, 4, 2), 4, 2, 1], "8421", [8.0, 4, 2, 1]):
+        with pytest.raises(ValueError, match=r"STViT stoken_size.*positive int or an \(h, w\) pair"):
+            STViT(STVIT_T, stoken_size=bad)
+    assert list(STViT(STVIT_T, stoken_size=[(8, 4), 4, 2, 1]).arch["stoken_size"][0]) == [8, 4]
