@@ -21,6 +21,7 @@ from ._fast_paths import fast_paths
 from .atomic import atomic_write, plain_meta
 from .families import get
 from .pretrained import SAFETENSORS_META_KEY, CheckpointError, read_checkpoint
+from .weights import state_dict_diff
 
 FORMATS = ("pth", "safetensors", "official", "onnx")
 EXTENSIONS = {"pth": (".pth", ".pt"), "official": (".pth", ".pt"), "safetensors": (".safetensors",), "onnx": (".onnx",)}
@@ -128,8 +129,8 @@ def save_backbone(
     """Write a backbone's tensors to ``out`` in ``fmt`` with their meta; returns the meta that was recorded.
 
     Args:
-        sd: the tensors to write, backbone-relative keys, already checked against ``model`` (e.g. with
-            ``backbones.weights.state_dict_diff``); ``model.state_dict()`` for a backbone in memory.
+        sd: the tensors to write, backbone-relative keys; ``model.state_dict()`` for a backbone in memory. Keys
+            and shapes must be those of ``model.state_dict()`` (an ``ExportError`` names the differences).
         model: the STViT / HATNet they belong to: family, arch, out_indices and norm_out go into the meta.
         out: the file to write (atomically).
         fmt: 'pth', 'safetensors', 'official' or 'onnx' (``export_onnx``, the meta as the graph's metadata
@@ -140,6 +141,15 @@ def save_backbone(
     """
     out = os.fspath(out)
     fmt = resolve_format(out, fmt)
+    # the meta records the model's family and arch: tensors of another model would make an export that no
+    # model of that arch loads
+    diff = state_dict_diff(sd, model.state_dict())
+    if diff:
+        raise ExportError(
+            f"The tensors to export do not fit the {type(model).__name__} they are exported as "
+            f"({model.family}, arch {model.arch}): {diff} Pass that model's own state_dict(), or the model the "
+            "tensors belong to."
+        )
     sd = official_state_dict(sd, model.family) if fmt == "official" else canonical_state_dict(sd)
     meta = plain_meta(
         {

@@ -15,7 +15,7 @@ import torch.nn as nn
 from backbones import CheckpointError, HATNet, STViT, load_pretrained
 from backbones.export import ExportError, read_export, tensor_sha256, verify_export
 from tasks.deploy.export import export_backbone
-from tests._tools import DET_CFG, GOLDEN_CASES, flat_metrics, load_tool
+from tests._tools import DET_CFG, GOLDEN_CASES, HATNET_T, STVIT_T, flat_metrics, load_tool
 
 EYE = torch.eye(9).reshape(9, 1, 3, 3)
 
@@ -404,3 +404,22 @@ def test_the_export_tools_print_the_metrics_without_the_per_class_results(seg_ru
     assert "per_class" in meta["metrics"] and "per_class" not in out
     assert out.count(f"mIoU={seg_run.metrics['mIoU']:.4g}") == 2
     assert max(len(line) for line in out.splitlines()) < 250, out
+
+
+@pytest.mark.parametrize("fmt", ["pth", "safetensors", "official", "onnx"])
+def test_save_backbone_refuses_tensors_that_do_not_fit_the_model(tmp_path, fmt):
+    """``save_backbone(sd, model, out)`` with tensors of another model used to write them under the model's
+    family and arch (pth, safetensors, official: an export that no model of that arch loads) or fail inside
+    torch's ``load_state_dict`` (onnx); it now refuses before writing, naming the keys."""
+    from backbones.export import save_backbone
+
+    model = STViT(STVIT_T)
+    sd = HATNet(HATNET_T).state_dict()
+    out = tmp_path / ("x.onnx" if fmt == "onnx" else "x.safetensors" if fmt == "safetensors" else "x.pth")
+    with pytest.raises(ExportError, match=r"do not fit the STViT.*Missing keys.*Unexpected keys.*blocks\.0\.0\."):
+        save_backbone(sd, model, out, fmt)
+    assert not out.exists() and not os.listdir(tmp_path)
+    grown = dict(model.state_dict(), **{"patch_embed.proj.0.weight": torch.zeros(1)})
+    with pytest.raises(ExportError, match=r"Shape mismatches \(1\): patch_embed\.proj\.0\.weight"):
+        save_backbone(grown, model, out, fmt)
+    assert not os.listdir(tmp_path)
