@@ -65,13 +65,31 @@ class _MMInit:
         self.init_cfg = copy.deepcopy(init_cfg)
 
     def init_weights(self):
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get("type") == "Pretrained":
+        """mm's ``init_cfg`` (a dict or a list of them): the other initialisers first, then a ``Pretrained``
+        entry through ``load_pretrained`` (safe, strict) instead of mmengine's non-strict ``load_checkpoint``,
+        whose mismatches are log lines only, in the list form as in the dict form (mm's order too)."""
+        cfgs = self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]
+        pretrained = [c for c in cfgs if isinstance(c, dict) and c.get("type") == "Pretrained"]
+        if not pretrained:
+            BaseModule.init_weights(self)
+            return
+        for cfg in pretrained:
+            if not cfg.get("checkpoint"):
+                raise ValueError(
+                    f"{self.type_name}: init_cfg=dict(type='Pretrained') needs checkpoint=PATH_OR_URL (got {cfg}); "
+                    f"e.g. init_cfg=dict(type='Pretrained', checkpoint='pretrained/{self.type_name.lower()}.pth')"
+                )
+        others = [c for c in cfgs if c not in pretrained]
+        if others:
+            given, self.init_cfg = self.init_cfg, others
+            try:
+                BaseModule.init_weights(self)
+            finally:
+                self.init_cfg = given
+        for cfg in pretrained:
             report = load_pretrained(self, cfg["checkpoint"], prefix=cfg.get("prefix"), sha256=cfg.get("sha256"))
             print_log(str(report), logger="current")
-            self._is_init = True
-        else:
-            BaseModule.init_weights(self)
+        self._is_init = True
 
 
 def _adapter(family: Family) -> type:

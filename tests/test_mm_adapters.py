@@ -158,3 +158,29 @@ def _build_retinanet(models):
             ),
         )
     )
+
+
+def test_pretrained_in_an_init_cfg_list_goes_through_the_checked_loader(tmp_path):
+    """mm accepts ``init_cfg`` as a list; a Pretrained entry there used to reach mmengine's non-strict
+    ``load_checkpoint``, so another family's checkpoint loaded nothing without an error. It now loads through
+    ``load_pretrained`` like the dict form (refusals included), after the list's other initialisers."""
+    from mmdet.registry import MODELS
+
+    from backbones import CheckpointError
+
+    torch.manual_seed(0)
+    src = STViT(STVIT_T).eval()
+    path = official_file(src, tmp_path / "official.pth")
+    other = tmp_path / "hatnet.pth"
+    torch.save(HATNet(HATNET_T).state_dict(), other)
+    init = [dict(type="Normal", layer="Conv2d", std=0.01), dict(type="Pretrained", checkpoint=str(path))]
+    model = MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg=init))
+    model.init_weights()
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    model = MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg=[dict(type="Pretrained", checkpoint=str(other))]))
+    with pytest.raises(CheckpointError, match=r"hatnet\.pth is a hatnet checkpoint"):
+        model.init_weights()
+    model = MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg=dict(type="Pretrained")))
+    with pytest.raises(ValueError, match=r"init_cfg=dict\(type='Pretrained'\) needs checkpoint="):
+        model.init_weights()
