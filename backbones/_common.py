@@ -88,7 +88,10 @@ def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> list[list[f
     return out
 
 
-def check_input(x: torch.Tensor, model_name: str) -> None:
+def check_input(x: torch.Tensor, model_name: str, weight_dtype: torch.dtype | None = None) -> None:
+    """A clear error for an input the backbone cannot take (shape, channels, size, dtype) instead of one from
+    deep inside torch. ``weight_dtype``: the model's parameter dtype, which the input must match outside
+    autocast."""
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(
@@ -104,6 +107,16 @@ def check_input(x: torch.Tensor, model_name: str) -> None:
         raise ValueError(
             f"{model_name} needs inputs of at least {MIN_INPUT_SIZE}x{MIN_INPUT_SIZE} pixels "
             f"(stride 32 output); got {x.shape[2]}x{x.shape[3]}. Resize or pad the image."
+        )
+    if not x.is_floating_point():
+        raise ValueError(
+            f"{model_name} expects a floating-point image batch, normalised as in training; got {x.dtype}. "
+            "Convert it first, e.g. x.float() and the mean/std normalisation of the config's data preprocessor."
+        )
+    if weight_dtype is not None and x.dtype != weight_dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(
+            f"{model_name}: the input is {x.dtype} but the weights are {weight_dtype}. Convert one to the other "
+            f"(x.float() for float32 weights, or model.to({x.dtype})), or run under torch.autocast."
         )
 
 
@@ -254,6 +267,11 @@ class StagedBackbone(nn.Module):
             (self.stage_channels[i], -(-height // s), -(-width // s))
             for i, s in zip(self.out_indices, self.out_strides)
         ]
+
+    def _stem_dtype(self) -> torch.dtype | None:
+        """The dtype of the stem's weights, which the input must have (``check_input``); None without any."""
+        p = next((p for m in self.stem_modules() for p in m.parameters()), None)
+        return None if p is None else p.dtype
 
     # --- freezing -------------------------------------------------------------------------------------
     def stem_modules(self) -> list[nn.Module]:

@@ -297,7 +297,7 @@ class HATNet(StagedBackbone):
         return ([self._downsamples()[i]] if i > 0 else []) + [self.blocks[i]]
 
     def forward(self, x):
-        check_input(x, "HATNet")
+        check_input(x, "HATNet", self._stem_dtype())
         x = self.patch_embed(ops.to_internal(x))  # channels_last with fast paths on (see _ops)
         outs = []
         for i, ds in enumerate(self._downsamples()):

@@ -375,7 +375,7 @@ class STViT(StagedBackbone):
         return ([self.layers[i - 1].downsample] if i > 0 else []) + mods
 
     def forward(self, x):
-        check_input(x, "STViT")
+        check_input(x, "STViT", self._stem_dtype())
         x = self.patch_embed(ops.to_internal(x))  # channels_last with fast paths on (see _ops)
         outs = []
         for i, layer in enumerate(self.layers):

@@ -341,3 +341,17 @@ def test_bad_stoken_size_is_refused():
         with pytest.raises(ValueError, match=r"STViT stoken_size.*positive int or an \(h, w\) pair"):
             STViT(STVIT_T, stoken_size=bad)
     assert list(STViT(STVIT_T, stoken_size=[(8, 4), 4, 2, 1]).arch["stoken_size"][0]) == [8, 4]
+
+
+@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+def test_input_dtype_errors_name_the_fix(cls, arch):
+    """A uint8 image batch or a float64 batch into float32 weights failed inside a conv with torch's "Input type
+    (unsigned char) and bias type (float) should be the same"; the input check now names the dtypes and the fix.
+    Autocast (mixed dtypes by design) still runs."""
+    model = cls(arch).eval()
+    with pytest.raises(ValueError, match=r"floating-point image batch.*got torch\.uint8.*x\.float\(\)"):
+        model(torch.zeros(1, 3, 64, 64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"input is torch\.float64 but the weights are torch\.float32.*x\.float\(\)"):
+        model(torch.zeros(1, 3, 64, 64, dtype=torch.float64))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(torch.zeros(1, 3, 64, 64, dtype=torch.bfloat16))[0].dtype == torch.bfloat16
