@@ -113,13 +113,14 @@ class InvertedResidual(nn.Module):
 def _heads(t: torch.Tensor, parts: int, num_heads: int) -> tuple[torch.Tensor, ...]:
     """(B, parts * C, H, W) with channels (part, head, head_dim) -> ``parts`` tensors (B, heads, H*W, head_dim)
     (views with a contiguous head_dim on a channels_last map)."""
-    B, _, H, W = t.shape
-    return nhwc(t).reshape(B, H * W, parts, num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    B, C, H, W = t.shape
+    # no -1: it is ambiguous for an empty batch
+    return nhwc(t).reshape(B, H * W, parts, num_heads, C // (parts * num_heads)).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 def _merge_heads(t: torch.Tensor, H: int, W: int) -> torch.Tensor:
     """(B, heads, H*W, head_dim) -> (B, heads * head_dim, H, W) in the internal layout."""
-    return ops.to_internal(nchw(t.transpose(1, 2).reshape(t.shape[0], H, W, -1)))
+    return ops.to_internal(nchw(t.transpose(1, 2).reshape(t.shape[0], H, W, t.shape[1] * t.shape[3])))
 
 
 def _window_padding_mask(size: tuple[int, int], windows: tuple[int, int], g: int, device) -> torch.Tensor | None:

@@ -355,3 +355,14 @@ def test_input_dtype_errors_name_the_fix(cls, arch):
         model(torch.zeros(1, 3, 64, 64, dtype=torch.float64))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert model(torch.zeros(1, 3, 64, 64, dtype=torch.bfloat16))[0].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+def test_empty_batch_gives_empty_maps_of_the_stated_shapes(cls, arch):
+    """A batch of 0 images (an empty shard, a filtered batch) returns empty maps of ``output_shapes``; HAT-Net's
+    head split used to fail with "cannot reshape tensor of 0 elements" on both paths."""
+    model = cls(arch).eval()
+    for fast in (True, False):
+        with torch.no_grad(), fast_paths(fast):
+            outs = model(torch.zeros(0, 3, 64, 80))
+        assert [tuple(o.shape) for o in outs] == [(0, *s) for s in model.output_shapes(64, 80)]
