@@ -147,6 +147,13 @@ def check_frozen_stages(frozen_stages: int) -> int:
     return frozen_stages
 
 
+def check_flag(name: str, value) -> bool:
+    """A switch argument checked to be a bool: a string such as 'no' would otherwise count as True."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False; got {value!r}")
+    return value
+
+
 def check_arch_lengths(arch: dict, keys: Sequence[str], family: str) -> None:
     for key in keys:
         value = arch[key]
@@ -202,7 +209,7 @@ class StagedBackbone(nn.Module):
         self.arch = arch
         self.out_indices = check_out_indices(out_indices)
         self.frozen_stages = check_frozen_stages(frozen_stages)
-        self.norm_eval, self.with_cp = norm_eval, check_with_cp(with_cp)
+        self.norm_eval, self.with_cp = check_flag("norm_eval", norm_eval), check_with_cp(with_cp)
 
     def _setup_outputs(
         self,
@@ -225,7 +232,7 @@ class StagedBackbone(nn.Module):
             make_norm: the family's output norm for a number of channels (needed with ``norm_out``).
         """
         self.stage_channels = list(stage_channels)
-        self.norm_out = norm_out
+        self.norm_out = check_flag("norm_out", norm_out)
         if norm_out:
             self.out_norms = nn.ModuleList(
                 [make_norm(c) if i in self.out_indices else nn.Identity() for i, c in enumerate(self.stage_channels)]

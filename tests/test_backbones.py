@@ -322,7 +322,8 @@ def test_outputs_are_contiguous_nchw(cls, arch):
 def test_out_of_range_options_are_refused(cls, arch):
     """Options outside their range are refused by name instead of freezing, dropping or attending silently
     differently: ``frozen_stages`` beyond the 4 stages or below -1, a ``drop_path_rate`` outside [0, 1) (1 drops
-    every sample of the last block: NaN outputs in training), a non-integer ``out_indices``."""
+    every sample of the last block: NaN outputs in training), a non-integer ``out_indices``, a switch that is not
+    a bool (``norm_eval='no'`` counted as True)."""
     for bad in (5, -2, 1.5, True):
         with pytest.raises(ValueError, match=r"frozen_stages must be an int in -1\.\.4"):
             cls(arch, frozen_stages=bad)
@@ -331,6 +332,9 @@ def test_out_of_range_options_are_refused(cls, arch):
             cls(arch, drop_path_rate=bad)
     with pytest.raises(ValueError, match=r"out_indices must be a sequence of stage indices"):
         cls(arch, out_indices=2)
+    for flag in ("norm_eval", "norm_out"):
+        with pytest.raises(ValueError, match=rf"{flag} must be True or False; got 'no'"):
+            cls(arch, **{flag: "no"})
     assert cls(arch, frozen_stages=4).frozen_stages == 4
 
 
