@@ -87,11 +87,17 @@ def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]
         return sub, meta, layout
     if detect_family(sd) is None:
         # A detector / segmentor training checkpoint ('backbone.' or 'model.backbone.'): take what sits under it.
-        sub = {}
+        sub, heads = {}, set()
         for k, v in sd.items():
             head, sep, rest = k.partition("backbone.")
             if sep and (head == "" or head.endswith(".")):
                 sub[rest] = v
+                heads.add(head + sep)
+        if len(heads) > 1:  # e.g. a model and its EMA copy, or a teacher and a student: never pick one silently
+            raise CheckpointError(
+                f"The checkpoint holds several backbones, under {sorted(heads)}; say which one to load with "
+                f"prefix= (init_cfg=dict(type='Pretrained', checkpoint=..., prefix={sorted(heads)[0]!r}))."
+            )
         if not sub:
             raise CheckpointError(
                 "The checkpoint holds no backbone weights: none of its keys belong to STViT "

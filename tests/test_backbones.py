@@ -370,3 +370,23 @@ def test_empty_batch_gives_empty_maps_of_the_stated_shapes(cls, arch):
         with torch.no_grad(), fast_paths(fast):
             outs = model(torch.zeros(0, 3, 64, 80))
         assert [tuple(o.shape) for o in outs] == [(0, *s) for s in model.output_shapes(64, 80)]
+
+
+def test_a_checkpoint_with_two_backbones_needs_a_prefix():
+    """A checkpoint whose tensors sit under two ``backbone.`` prefixes (a model and its EMA copy, a teacher and
+    a student) used to load whichever came last, without a word; it is refused, naming both prefixes, and
+    ``prefix=`` picks one."""
+    torch.manual_seed(0)
+    model, ema = HATNet(HATNET_T), HATNet(HATNET_T)
+    ckpt = {
+        "state_dict": {
+            **{f"model.backbone.{k}": v for k, v in model.state_dict().items()},
+            **{f"ema.backbone.{k}": v for k, v in ema.state_dict().items()},
+        }
+    }
+    with pytest.raises(CheckpointError, match=r"several backbones, under \['ema\.backbone\.', 'model\.backbone\.'\]"):
+        load_pretrained(HATNet(HATNET_T), ckpt)
+    loaded = HATNet(HATNET_T)
+    load_pretrained(loaded, ckpt, prefix="model.backbone.")
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0, msg=k)
