@@ -193,6 +193,14 @@ def load_pretrained(
             else ""
         )
         raise CheckpointError(f"Checkpoint {source} does not fit this {type(model).__name__}.{hint} {diff}")
+    # a diverged run's weights load fine and give NaN features downstream, far from the cause
+    bad = sorted(k for k, v in sd.items() if v.is_floating_point() and not torch.isfinite(v).all())
+    if bad:
+        raise CheckpointError(
+            f"Checkpoint {source} holds NaN or infinite values in {len(bad)} tensors: {_summary(bad)}. "
+            "It comes from a run that diverged or a damaged file: pick an earlier checkpoint of that run, or "
+            "another file."
+        )
     with torch.no_grad():
         for k, v in sd.items():
             own[k].copy_(v)  # state_dict() tensors share storage with the module's parameters and buffers

@@ -390,3 +390,16 @@ def test_a_checkpoint_with_two_backbones_needs_a_prefix():
     load_pretrained(loaded, ckpt, prefix="model.backbone.")
     for k, v in model.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0, msg=k)
+
+
+def test_non_finite_weights_are_refused():
+    """A checkpoint with NaN / inf values (a diverged run) loaded silently and gave NaN features; it is refused
+    with the tensors named, and the model keeps its own weights."""
+    sd = STViT(STVIT_T).state_dict()
+    sd["layers.1.blocks.0.norm2.weight"] = torch.full_like(sd["layers.1.blocks.0.norm2.weight"], float("nan"))
+    sd["patch_embed.proj.0.bias"][0] = float("inf")
+    model = STViT(STVIT_T)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"NaN or infinite values in 2 tensors: layers\.1\.blocks\.0\.norm2"):
+        load_pretrained(model, sd)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
