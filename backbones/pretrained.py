@@ -165,6 +165,7 @@ def load_pretrained(
     if family not in FAMILIES:
         raise TypeError(f"load_pretrained expects an STViT or HATNet model, got {type(model).__name__}")
     source = os.fspath(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else "<in-memory checkpoint>"
+    name = FAMILIES[family].cls.__name__  # 'STViT' also for its mm adapter (class MMSTViT)
     from_file = isinstance(checkpoint, (str, os.PathLike))
     obj, st_meta = read_checkpoint(checkpoint, sha256) if from_file else (checkpoint, {})
     sd, meta, layout = extract_state_dict(obj, prefix)
@@ -177,7 +178,7 @@ def load_pretrained(
         what = f"a {ckpt_family} checkpoint" if ckpt_family else "not an STViT/HAT-Net checkpoint"
         raise CheckpointError(
             f"{source} is {what} ({layout}), but the model is "
-            f"{type(model).__name__}. Build the matching backbone type or pick another file."
+            f"{name}. Build the matching backbone type or pick another file."
         )
     sd, skipped = checkpoint_filter(sd, model)
     own = model.state_dict()
@@ -192,7 +193,7 @@ def load_pretrained(
             if theirs != ours
             else ""
         )
-        raise CheckpointError(f"Checkpoint {source} does not fit this {type(model).__name__}.{hint} {diff}")
+        raise CheckpointError(f"Checkpoint {source} does not fit this {name}.{hint} {diff}")
     # a diverged run's weights load fine and give NaN features downstream, far from the cause
     bad = sorted(k for k, v in sd.items() if v.is_floating_point() and not torch.isfinite(v).all())
     if bad:
@@ -215,7 +216,8 @@ def _check_meta(meta: dict, model: nn.Module, source: str) -> None:
     """Our exports record family and arch: refuse them for another family or variant with a clear message."""
     fam = meta.get("family")
     if fam and fam != model.family:
-        raise CheckpointError(f"{source} is an export of a {fam} backbone; the model is {type(model).__name__}.")
+        name = FAMILIES[model.family].cls.__name__
+        raise CheckpointError(f"{source} is an export of a {fam} backbone; the model is {name}.")
     arch = meta.get("arch")
     if isinstance(arch, str):
         arch = json.loads(arch)

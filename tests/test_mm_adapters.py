@@ -179,7 +179,7 @@ def test_pretrained_in_an_init_cfg_list_goes_through_the_checked_loader(tmp_path
     for k, v in src.state_dict().items():
         torch.testing.assert_close(model.state_dict()[k], v, rtol=0, atol=0, msg=k)
     model = MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg=[dict(type="Pretrained", checkpoint=str(other))]))
-    with pytest.raises(CheckpointError, match=r"hatnet\.pth is a hatnet checkpoint"):
+    with pytest.raises(CheckpointError, match=r"hatnet\.pth is a hatnet checkpoint .*, but the model is STViT\. "):
         model.init_weights()
     model = MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg=dict(type="Pretrained")))
     with pytest.raises(ValueError, match=r"init_cfg=dict\(type='Pretrained'\) needs checkpoint="):
