@@ -190,7 +190,13 @@ def read_export(path: str | os.PathLike) -> tuple[dict, dict]:
 
 
 def verify_export(path: str | os.PathLike) -> dict:
-    """Recompute the tensors' sha256 and compare with the recorded one; returns the meta."""
+    """Recompute the tensors' sha256 and compare with the recorded one; returns the meta.
+
+    An ONNX export holds the graph's form of the tensors (constants folded), not the tensors that were hashed:
+    its graph is checked with ``onnx.checker`` instead (a truncated or damaged file fails), and its meta (the
+    graph's metadata "meta") is returned."""
+    if os.fspath(path).lower().endswith(".onnx"):
+        return _verify_onnx(os.fspath(path))
     sd, meta = read_export(path)
     if meta.get("sha256") != tensor_sha256(sd):
         raise CheckpointError(
@@ -198,6 +204,22 @@ def verify_export(path: str | os.PathLike) -> dict:
             "meta; the file was modified or damaged."
         )
     return meta
+
+
+def _verify_onnx(path: str) -> dict:
+    import onnx
+
+    if not os.path.isfile(path):
+        raise CheckpointError(f"ONNX export not found: {path!r}.")
+    try:
+        graph = onnx.load(path)
+        onnx.checker.check_model(graph)
+    except Exception as e:  # DecodeError, ValidationError...: whatever broken bytes raise
+        raise CheckpointError(f"{path!r} is not a valid ONNX graph: the file is truncated or damaged ({e}).") from e
+    props = {p.key: p.value for p in graph.metadata_props}
+    if "meta" not in props:
+        raise CheckpointError(f"{path!r} is an ONNX graph without our export's metadata ('meta'): not an export.")
+    return json.loads(props["meta"])
 
 
 # --- ONNX ------------------------------------------------------------------------------------------------

@@ -183,7 +183,14 @@ def read_checkpoint(path: str | os.PathLike, sha256: str | None = None) -> tuple
 
 
 def _check_content_matches_extension(path: str) -> None:
-    """A safetensors file named .pth, or a torch.save file named .safetensors, gets its own message."""
+    """A safetensors file named .pth, a torch.save file named .safetensors, or an ONNX graph gets its own
+    message."""
+    if path.lower().endswith(".onnx"):
+        raise CheckpointError(
+            f"{path!r} is an ONNX graph, for onnxruntime and other ONNX runtimes; PyTorch weights cannot be read "
+            "back from it. Load the .pth or .safetensors export of the same checkpoint instead "
+            "(tools/export_backbone.py CHECKPOINT --out backbone.pth)."
+        )
     with open(path, "rb") as f:
         head = f.read(9)
     size = os.path.getsize(path)

@@ -423,3 +423,22 @@ def test_save_backbone_refuses_tensors_that_do_not_fit_the_model(tmp_path, fmt):
     with pytest.raises(ExportError, match=r"Shape mismatches \(1\): patch_embed\.proj\.0\.weight"):
         save_backbone(grown, model, out, fmt)
     assert not os.listdir(tmp_path)
+
+
+def test_onnx_export_is_verified_and_refused_as_weights(tmp_path):
+    """``verify_export`` on an ONNX export said "corrupt or not a PyTorch checkpoint", and so did
+    ``load_pretrained``; the graph is now checked and its meta returned, a damaged graph is named as such, and
+    loading weights from it says to use the .pth / .safetensors export."""
+    from backbones.export import save_backbone
+
+    arch = dict(STVIT_T, depths=[1, 1, 1, 1])  # the smallest graph: the export is the slow part
+    model = STViT(arch)
+    out = tmp_path / "b.onnx"
+    meta = save_backbone(model.state_dict(), model, out)
+    assert verify_export(out) == meta and meta["format"] == "onnx"
+    with pytest.raises(CheckpointError, match=r"b\.onnx' is an ONNX graph.*\.pth or \.safetensors export"):
+        load_pretrained(STViT(arch), out)
+    data = out.read_bytes()
+    (tmp_path / "cut.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"cut\.onnx' is not a valid ONNX graph"):
+        verify_export(tmp_path / "cut.onnx")
