@@ -62,6 +62,18 @@ class _MMInit:
     type_name = ""  # the registered name, for error messages
 
     def _set_init_cfg(self, init_cfg):
+        """Keep ``init_cfg`` (None, a dict or a list of dicts: mm's forms); anything else is refused here, by
+        name, rather than by a bare assertion in mmengine's ``init_weights``."""
+        if not (
+            init_cfg is None
+            or isinstance(init_cfg, dict)
+            or (isinstance(init_cfg, list) and all(isinstance(c, dict) for c in init_cfg))
+        ):
+            raise TypeError(
+                f"{self.type_name}: init_cfg must be None, a dict or a list of dicts, e.g. "
+                f"init_cfg=dict(type='Pretrained', checkpoint='pretrained/{self.type_name.lower()}.pth'); "
+                f"got {init_cfg!r}"
+            )
         self.init_cfg = copy.deepcopy(init_cfg)
 
     def init_weights(self):

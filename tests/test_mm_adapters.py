@@ -184,3 +184,12 @@ def test_pretrained_in_an_init_cfg_list_goes_through_the_checked_loader(tmp_path
     model = MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg=dict(type="Pretrained")))
     with pytest.raises(ValueError, match=r"init_cfg=dict\(type='Pretrained'\) needs checkpoint="):
         model.init_weights()
+
+
+def test_an_init_cfg_of_another_form_is_refused_by_name():
+    """``init_cfg='x.pth'`` (a path where mm wants a dict) failed with a bare AssertionError inside mmengine's
+    ``init_weights``; it is refused when the backbone is built, with the accepted forms."""
+    from mmdet.registry import MODELS
+
+    with pytest.raises(TypeError, match=r"STViT: init_cfg must be None, a dict or a list of dicts.*got 'x\.pth'"):
+        MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg="x.pth"))
