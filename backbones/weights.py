@@ -107,7 +107,7 @@ def check_checkpoint_path(path: str | os.PathLike, sha256: str | None = None) ->
     torch.hub's cache (downloaded once, see ``backbones/download.py``).
 
     Args:
-        path: a file path or an ``http(s)://`` URL (optionally ``#sha256=<hex>``).
+        path: a file path (``~`` expanded) or an ``http(s)://`` URL (optionally ``#sha256=<hex>``).
         sha256: the expected sha256 of a URL's file; None: from the URL, if it gives one.
 
     Raises CheckpointError for a missing file, another kind of URL, a failed download or a wrong hash.
@@ -123,6 +123,7 @@ def check_checkpoint_path(path: str | os.PathLike, sha256: str | None = None) ->
             f"Checkpoint {path!r} is a URL ({scheme.group(0)}...) that this loader cannot fetch; STViT / HAT-Net "
             "load local files and http(s):// URLs only. Download the checkpoint and pass its path."
         )
+    path = os.path.expanduser(path)  # '~/weights/x.pth', as mmengine's own loader reads it
     if os.path.isdir(path):
         ckpts = sorted(f for f in os.listdir(path) if f.endswith((".ckpt", ".pth", ".pt", ".safetensors")))
         raise CheckpointError(

@@ -403,3 +403,13 @@ def test_non_finite_weights_are_refused():
     with pytest.raises(CheckpointError, match=r"NaN or infinite values in 2 tensors: layers\.1\.blocks\.0\.norm2"):
         load_pretrained(model, sd)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_home_relative_checkpoint_path_is_expanded(tmp_path, monkeypatch):
+    """``checkpoint='~/weights/x.pth'`` (which mmengine's own loader expands) was "not found"."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    src = HATNet(HATNET_T)
+    torch.save(src.state_dict(), tmp_path / "hat.pth")
+    model = HATNet(HATNET_T)
+    assert len(load_pretrained(model, "~/hat.pth").loaded) == len(src.state_dict())
+    torch.testing.assert_close(model.state_dict(), src.state_dict(), rtol=0, atol=0)
