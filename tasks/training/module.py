@@ -32,6 +32,7 @@ from torchmetrics import Metric
 from ..config import build_from_registry, config_text, register_scope
 from ..evaluation.select import build_evaluators, check_monitor
 from ..evaluation.tta import TTAPredictor
+from .checkpoint_io import check_resumed_weights
 from .compile import compile_model, compile_options
 from .nonfinite import NonFiniteLossPolicy
 from .optim import build_optimizer, build_schedulers, scale_lr
@@ -254,6 +255,7 @@ class MMTaskModule(L.LightningModule):
         checkpoint.update(self.nonfinite.state_dict())
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_resumed_weights(self, checkpoint)  # before Lightning loads them
         self.nonfinite.load_state_dict(checkpoint)
 
     # ---- optimisation ----------------------------------------------------------------------------
