@@ -230,8 +230,9 @@ class MMTaskModule(L.LightningModule):
         result = evaluator.compute()  # gathers all ranks
         evaluator.reset()
         metrics = {k: float(v) for k, v in result.items() if k != "per_class"}
-        # Same value on every rank already, so no sync_dist (which would be one more collective).
-        self.log_dict(metrics, sync_dist=False)
+        # Same value on every rank already; the max over ranks keeps it exactly (a mean could round it), and
+        # without sync_dist Lightning warns on every distributed validation.
+        self.log_dict(metrics, sync_dist=True, reduce_fx="max")
         if "per_class" in result:
             metrics["per_class"] = result["per_class"]
         return metrics
