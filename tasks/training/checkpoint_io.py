@@ -73,7 +73,9 @@ def check_resumed_weights(module: torch.nn.Module, checkpoint: dict) -> None:
         module: the LightningModule being resumed (its trainer, when attached, names the file).
         checkpoint: the loaded checkpoint, before Lightning restores it.
     """
-    report = state_dict_diff(checkpoint.get("state_dict", {}), module.state_dict())
+    if "state_dict" not in checkpoint:  # a sharded (FSDP) checkpoint: the strategy loads the shards itself
+        return
+    report = state_dict_diff(checkpoint["state_dict"], module.state_dict())
     if report:
         source = getattr(module._trainer, "ckpt_path", None) or "the checkpoint"
         model = getattr(module, "model", module)
