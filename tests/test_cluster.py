@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from backbones.errors import CheckpointError
 from tests._runs import (
     TIMEOUT,
     assert_same_training_state,
@@ -261,7 +262,7 @@ def test_resume_values_and_requeue_signal_names(tmp_path, monkeypatch, caplog):
     said = [r.getMessage() for r in caplog.records]
     assert sum(f"--resume auto: no checkpoint {tmp_path}/last.ckpt yet" in m for m in said) == 1, said
     assert resume_checkpoint(None, str(tmp_path)) is None
-    with pytest.raises(FileNotFoundError, match=r"last\.ckpt does not exist \(--resume auto starts fresh"):
+    with pytest.raises(CheckpointError, match=r"last\.ckpt does not exist \(--resume auto starts fresh"):
         resume_checkpoint("last", str(tmp_path))
     (tmp_path / "last.ckpt").write_bytes(b"")
     assert resume_checkpoint("last", str(tmp_path)) == str(tmp_path / "last.ckpt")

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests._runs import TIMEOUT, env, free_port, run_here
-from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, flat_metrics, random_checkpoint
+from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, flat_metrics, random_checkpoint, warnings_as_errors
 
 pytestmark = pytest.mark.slow  # training processes: scheduled first (conftest.py)
 
@@ -198,3 +198,14 @@ def test_test_tool_tta_slide_submission_files_and_mm_metric_each_image_once(ddp_
             assert set(metrics) >= {"mIoU", "mDice", "aAcc"} and ddp_metrics == metrics
         else:
             assert metrics is None and len({r["image_id"] for r in json.loads(files["results.bbox.json"])}) == 3
+
+
+def test_metrics_logged_under_ddp_without_a_warning(seg_run, tmp_path, monkeypatch):
+    # Lightning warned "It is recommended to use self.log('mIoU', ..., sync_dist=True)" on every distributed
+    # validation or test; a 1-process gloo group is enough to show it
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, env()[key])
+    opts = [*seg_run.opts, "trainer.devices=1", "trainer.strategy.type=ddp"]
+    with warnings_as_errors():
+        metrics = run_here("test", [SEG_CFG, seg_run.ckpt, "--work-dir", str(tmp_path), "--cfg-options", *opts])
+    assert flat_metrics(metrics) == pytest.approx(flat_metrics(seg_run.metrics), abs=1e-6, nan_ok=True)

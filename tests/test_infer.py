@@ -127,6 +127,16 @@ def test_inputs_files_folders_globs_and_their_errors(tmp_path):
         find_images([str(b)])
 
 
+@pytest.mark.parametrize("size", [(1, 1), (7, 3)])
+def test_images_under_8_px_a_side_are_readable_inputs(size, tmp_path):
+    # the check of readability decoded at 1/8 size, which OpenCV refuses for them with an exception of its resize
+    Image.new("RGB", size, (10, 20, 30)).save(tmp_path / "small.png")
+    assert find_images([str(tmp_path)]) == [str(tmp_path / "small.png")]
+    (tmp_path / "small.png").write_bytes(b"\x89PNG not really")
+    with pytest.raises(InputError, match=r"cannot read 1 image.*small\.png"):
+        find_images([str(tmp_path)])
+
+
 def test_tool_reports_bad_input_without_a_traceback(det_run, tmp_path, monkeypatch):
     ckpt, config = det_run.ckpt, det_run.config
     pattern = str(tmp_path / "*.jpg")

@@ -77,6 +77,7 @@ def test_a_misspelt_device_is_a_usage_error(tool, device, message, capsys):
     [
         (["missing.py"], r"ConfigError: config file not found: '.*missing\.py'"),
         ([SEG_CFG, "--cfg-options", "optim_wraper.clip_grad=None"], r"ConfigError: .*'optim_wraper'.*'optim_wrapper'"),
+        ([SEG_CFG, "--resume"], r"CheckpointError: --resume: checkpoint .*run/last\.ckpt does not exist"),
     ],
 )
 def test_train_names_a_bad_config_without_a_traceback(options, message, tmp_path, capsys, monkeypatch):

@@ -175,6 +175,39 @@ def test_segmentation_label_above_num_classes_is_an_error(ade):
         _all_samples(_datamodule(SEG_CFG, ade, "mmseg"), "val")
 
 
+def test_segmentation_map_of_another_size_than_its_image_is_an_error(ade):
+    # mmseg trained on the misaligned pair and failed only in the validation metric, after training
+    from tasks.data.checks import DataError
+
+    victim = sorted((ade / "annotations" / "training").iterdir())[0]
+    seg = np.array(Image.open(victim))
+    Image.fromarray(seg[:-8, :-16]).save(victim)
+    h, w = seg.shape
+    with pytest.raises(DataError, match=rf"{victim} is {w - 16}x{h - 8} px, its image .*{victim.stem}\.jpg {w}x{h}"):
+        _all_samples(_datamodule(SEG_CFG, ade, "mmseg"), "train")
+
+
+@pytest.mark.parametrize(
+    "cfg, data, scope, split", [(SEG_CFG, "ade", "mmseg", "val"), (DET_CFG, "coco", "mmdet", "train")]
+)
+def test_a_split_without_samples_names_the_section_and_paths(cfg, data, scope, split, request):
+    # mmengine failed with "need at least one array to concatenate" from deep inside the dataset's build
+    from tasks.data.checks import DataError
+
+    root = request.getfixturevalue(data)
+    if data == "ade":  # an empty folder
+        for d in ("images", "annotations"):
+            for f in (root / d / "validation").iterdir():
+                f.unlink()
+    else:  # every image without objects: dropped by filter_empty_gt
+        ann_file = root / "annotations" / "instances_train2017.json"
+        ann = json.loads(ann_file.read_text())
+        ann_file.write_text(json.dumps({**ann, "annotations": []}))
+    dm = _datamodule(cfg, root, scope)
+    with pytest.raises(DataError, match=rf"{split}_dataloader: the dataset has no samples.*data_root '{root}/'"):
+        dm.dataset(split)
+
+
 @pytest.mark.parametrize("kind", ["gray", "rgba", "gray16", "rgb16"])
 def test_grayscale_rgba_16bit_png_load_as_8bit_bgr(kind, tmp_path):
     from mmcv.transforms import LoadImageFromFile

@@ -48,6 +48,15 @@ def _split_ann(coco_root: Path, split: str) -> Path:
     return coco_root / "annotations" / f"instances_{split}2017.json"
 
 
+@pytest.mark.parametrize("option, value", [("--coco-train", "0"), ("--ade-val", "-1"), ("--coco-val", "x")])
+def test_image_counts_below_one_are_refused(option, value, tmp_path, capsys):
+    # a count of 0 wrote a split that no run can use; -1 was printed as "-1 val images"
+    with pytest.raises(SystemExit) as exit_:
+        make_tiny_data.main(["--out", str(tmp_path), option, value])
+    assert exit_.value.code == 2 and not list(tmp_path.iterdir())
+    assert f"argument {option}: '{value}' is not a number of images (1 or more)" in capsys.readouterr().err
+
+
 def test_layout(data):
     coco, ade = data
     for split, n in (("train", COUNTS["coco_train"]), ("val", COUNTS["coco_val"])):

@@ -177,6 +177,16 @@ def test_missing_tracker_package_names_the_extra(tmp_path, monkeypatch, package)
         build_loggers(_cfg([dict(type=type_name)]), str(tmp_path))
 
 
+def test_wandb_offline_run_starts_without_a_warning(tmp_path, capfd):
+    # wandb warned "The anonymous setting has no effect" on every run: Lightning passes anonymous=None
+    _, logger = build_loggers(_cfg([dict(type="WandbLogger", project="tiny", offline=True)]), str(tmp_path))
+    try:
+        assert logger.experiment.offline
+    finally:
+        logger.experiment.finish()
+    assert "WARNING" not in capfd.readouterr().err
+
+
 def test_default_loggers_are_csv_and_tensorboard_in_the_work_dir(tmp_path):
     csv_logger, tb = build_loggers(Config(dict()), str(tmp_path))
     assert (type(csv_logger).__name__, csv_logger.root_dir) == ("CSVLogger", str(tmp_path / "logs"))

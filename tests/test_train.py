@@ -68,6 +68,34 @@ def test_train_writes_metrics_checkpoint_and_resumes(det_run, copy_run):
     assert [s["_global_step"] for s in ckpt["lr_schedulers"]] == [4, 2]  # scheduler state was restored
 
 
+def _train_fails_without_traceback(argv, capsys) -> str:
+    """tools/train.py's command line on ``argv``: exit status 1, no traceback; returns stderr."""
+    with pytest.raises(SystemExit) as exit_:
+        train_tool.cli(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_resume_from_a_checkpoint_of_another_task_is_named(det_run, seg_run, tmp_path, capsys):
+    # torch's load_state_dict raised a RuntimeError listing hundreds of keys, with Lightning's traceback
+    argv = [SEG_CFG, "--work-dir", str(tmp_path), "--resume", det_run.ckpt, "--cfg-options", *seg_run.opts]
+    err = _train_fails_without_traceback(argv, capsys)
+    assert f"CheckpointError: --resume: {det_run.ckpt} is not a checkpoint of this config's EncoderDecoder" in err
+    assert "Missing keys (" in err and "load_from=CKPT" in err
+
+
+def test_resume_mid_epoch_with_another_batch_size_names_the_key(seg_run, copy_run, capsys):
+    # the checkpoint counts the batches of its epoch already trained on in its own batch size
+    run = copy_run(seg_run)
+    opts = [*run.opts, "train_dataloader.batch_size=1", "trainer.max_steps=3"]
+    err = _train_fails_without_traceback(
+        [SEG_CFG, "--work-dir", str(run.work_dir), "--resume", "auto", "--cfg-options", *opts], capsys
+    )
+    assert "ConfigError: --resume: the checkpoint stopped mid-epoch (epoch 0, after 2 batches)" in err
+    assert "--cfg-options train_dataloader.batch_size=2" in err
+
+
 def test_test_tool_detection_show_dir(det_run, tmp_path):
     out, show = str(tmp_path / "m.json"), str(tmp_path / "show")
     metrics = test_tool.main(

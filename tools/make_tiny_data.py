@@ -25,14 +25,33 @@ import argparse
 from tasks.data.tiny import make_ade20k, make_coco
 
 
+def positive_int(text: str) -> int:
+    """An image count: a split without images cannot be trained or evaluated on."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of images (1 or more)")
+    return value
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="data", help="output directory (default: data/)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--coco-train", type=int, default=48)
-    p.add_argument("--coco-val", type=int, default=16)
-    p.add_argument("--ade-train", type=int, default=48)
-    p.add_argument("--ade-val", type=int, default=16)
+    p.add_argument(
+        "--seed", type=int, default=0, help="random seed of the generated images and annotations (default: 0)"
+    )
+    for name, dataset, count in (
+        ("coco-train", "tiny_coco", 48),
+        ("coco-val", "tiny_coco", 16),
+        ("ade-train", "tiny_ade20k", 48),
+        ("ade-val", "tiny_ade20k", 16),
+    ):
+        split = name.split("-")[1]
+        p.add_argument(
+            f"--{name}", type=positive_int, default=count, help=f"{split} images of {dataset} (default: {count})"
+        )
     a = p.parse_args(argv)
     coco = make_coco(a.out, a.coco_train, a.coco_val, a.seed)
     print(f"COCO-format dataset ({a.coco_train} train / {a.coco_val} val images) written to {coco}")

@@ -3,7 +3,8 @@
 Bad data fails with the file named: a ``data_root`` / ``ann_file`` / ``data_prefix`` that does not exist
 (``check_dataset_paths``, before anything is built), a missing or unreadable image, a truncated JPEG (no
 end-of-image marker), a segmentation map with labels >= num_classes other than the ignore index (an error, not
-a silent remap: such pixels would corrupt the loss and mIoU) (``CheckedDataset``). A COCO annotation file is
+a silent remap: such pixels would corrupt the loss and mIoU), a segmentation map of another size than its
+image (``CheckedDataset``); a split without samples (``build_dataset``). A COCO annotation file is
 checked while mmdet reads it (``build_dataset`` / ``check_coco_file``): annotations whose ``category_id`` is not
 in the file's ``categories``, and config ``metainfo.classes`` none of which is a category name of the file, are
 errors (mmdet would drop those objects silently). Grayscale, RGBA and 16-bit images are read as 8-bit 3-channel
@@ -116,8 +117,24 @@ class CheckedDataset(Dataset):
                 f"loaded: {type(e).__name__}: {e}"
             ) from e
         if self.num_classes is not None:
+            self._check_map_size(files)
             self._check_labels(data, files)
         return data
+
+    def _check_map_size(self, files: list[str]) -> None:
+        # A map of another size than its image is not caught by mmseg: training rescales and crops both (pixels
+        # labelled with another place's class), and validation fails after the training, deep in the metric.
+        if len(files) != 2 or any("://" in f for f in files):
+            return
+        from PIL import Image  # reads the header only
+
+        with Image.open(files[0]) as img, Image.open(files[1]) as seg:
+            if img.size != seg.size:
+                raise DataError(
+                    f"{self.split}: segmentation map {files[1]} is {seg.size[0]}x{seg.size[1]} px, its image "
+                    f"{files[0]} {img.size[0]}x{img.size[1]}: a map must label every pixel of its image at the "
+                    "same size; fix or remove the pair"
+                )
 
     def _check_labels(self, data: dict, files: list[str]) -> None:
         sample = data.get("data_samples")
@@ -202,15 +219,40 @@ def check_coco_file(coco, dataset, section: str, sections: tuple[str, ...]) -> N
 
 
 def build_dataset(ds_cfg: dict, section: str, sections: tuple[str, ...]):
-    """``DATASETS.build(ds_cfg)``; a COCO-format dataset is checked with ``check_coco_file`` on the index mmdet
-    builds while it loads the file (one parse of the JSON), and the images ``filter_cfg`` dropped are logged."""
+    """``DATASETS.build(ds_cfg)``; a dataset without samples (none found, or all dropped by ``filter_cfg``) is a
+    ``DataError`` naming the section and its paths; a COCO-format dataset is checked with ``check_coco_file`` on
+    the index mmdet builds while it loads the file (one parse of the JSON), and the images ``filter_cfg`` dropped
+    are logged."""
+    from mmengine.dataset import BaseDataset
     from mmengine.registry import DATASETS  # the default scope routes to mmdet/mmseg's registry
 
     with DATASETS.switch_scope_and_registry(None) as registry:
         cls = registry.get(ds_cfg["type"]) if isinstance(ds_cfg.get("type"), str) else ds_cfg.get("type")
-    if not hasattr(cls, "COCOAPI") or ds_cfg.get("lazy_init"):
+    if ds_cfg.get("lazy_init") or not (isinstance(cls, type) and issubclass(cls, BaseDataset)):
         return DATASETS.build(ds_cfg)
     dataset = DATASETS.build({**ds_cfg, "lazy_init": True})
+    filter_data = dataset.filter_data
+
+    def filter_and_check():  # full_init's step between reading the samples and storing them
+        read_samples = len(dataset.data_list)
+        kept = filter_data()
+        if not kept:  # mmengine would fail next with "need at least one array to concatenate"
+            where = ", ".join(f"{what} '{path}'" for what, path in _data_paths(ds_cfg)) or "its config"
+            dropped = f" ({read_samples} read, all dropped by filter_cfg={ds_cfg.get('filter_cfg')})"
+            raise DataError(
+                f"{section}: the dataset has no samples{dropped if read_samples else ''}: {where}. Put the images "
+                f"(and their annotations) there, or point --cfg-options {section}.dataset.data_root=DIR at a "
+                "dataset that has them"
+            )
+        return kept
+
+    dataset.filter_data = filter_and_check  # an instance attribute over the class's, removed again below
+    if not hasattr(cls, "COCOAPI"):
+        try:
+            dataset.full_init()
+        finally:
+            del dataset.filter_data
+        return dataset
     read, n_images = dataset.COCOAPI, []
 
     def read_and_check(path):  # mmdet's load_data_list reads the file with ``self.COCOAPI(path)``
@@ -224,7 +266,7 @@ def build_dataset(ds_cfg: dict, section: str, sections: tuple[str, ...]):
     try:
         dataset.full_init()
     finally:
-        del dataset.COCOAPI
+        del dataset.COCOAPI, dataset.filter_data
     if n_images and not dataset.test_mode and len(dataset) < n_images[0]:
         log.warning(
             "%s: %d of %d images of %s skipped by filter_cfg=%s (no objects of the dataset classes, "

@@ -20,6 +20,8 @@ from typing import Callable, Iterable
 import numpy as np
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
+from ..config_keys import ConfigError
+
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The seed with which the augmentation RNGs are reseeded before sample ``index`` of ``epoch`` is loaded."""
@@ -122,15 +124,19 @@ class ResumableDataLoader(DataLoader):
 
     def load_state_dict(self, state: dict) -> None:
         batches = self.batch_sampler
-        if state.get("batch_size", batches.batch_size) != batches.batch_size:
-            raise ValueError(
-                f"resuming mid-epoch needs the checkpoint's train batch size "
-                f"({state['batch_size']}), got {batches.batch_size}"
-            )
         # Lightning creates the epoch's iterator before calling set_epoch when resuming: set it here.
         if state["batches"] >= len(self):  # saved at the end of an epoch: the next one starts afresh
             batches.sampler.set_epoch(state["epoch"] + 1)
             return
+        # Mid-epoch, the batches to skip are counted in the checkpoint's batch size: another one would skip the
+        # wrong samples. ConfigError: the user's input, reported without a traceback.
+        if state.get("batch_size", batches.batch_size) != batches.batch_size:
+            raise ConfigError(
+                f"--resume: the checkpoint stopped mid-epoch (epoch {state['epoch']}, after {state['batches']} "
+                f"batches) with train_dataloader.batch_size={state['batch_size']}; this config has "
+                f"{batches.batch_size}. Resume with --cfg-options train_dataloader.batch_size={state['batch_size']} "
+                "(change it at the end of an epoch), or start a new run with load_from=CKPT"
+            )
         saved = state.get("batch_sampler", "BatchSampler")  # checkpoints written before batch samplers counted
         if saved != batches.kind:
             hint = (
@@ -138,7 +144,7 @@ class ResumableDataLoader(DataLoader):
                 if saved == "BatchSampler"
                 else f"train_dataloader.batch_sampler.type={saved}"
             )
-            raise ValueError(
+            raise ConfigError(
                 f"resuming mid-epoch needs the batching of the checkpoint ({saved}); this config "
                 f"batches with {batches.kind}: pass --cfg-options {hint}"
             )

@@ -89,10 +89,19 @@ def find_images(inputs: Sequence[str]) -> list[str]:
             f"images with the same name would overwrite each other's outputs: {clashes}. Run them separately, "
             "with one --out-dir each"
         )
-    unreadable = [p for p in images if cv2.imread(p, cv2.IMREAD_REDUCED_GRAYSCALE_8) is None]
+    unreadable = [p for p in images if not _readable(p)]
     if unreadable:
         raise InputError(f"cannot read {len(unreadable)} image(s) (not an image, or corrupt): {unreadable[:10]}")
     return images
+
+
+def _readable(path: str) -> bool:
+    """Whether OpenCV decodes ``path``: at 1/8 size (fast for large photos), or at full size for an image under
+    8 px a side, which the reduced decoder refuses with an exception of its resize."""
+    try:
+        return cv2.imread(path, cv2.IMREAD_REDUCED_GRAYSCALE_8) is not None
+    except cv2.error:
+        return cv2.imread(path, cv2.IMREAD_GRAYSCALE) is not None
 
 
 # --- weights ---------------------------------------------------------------------------------------------

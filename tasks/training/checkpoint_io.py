@@ -26,7 +26,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 
 from backbones.atomic import atomic_write, write_json  # noqa: F401 - write_json: the tools' JSON results
-from backbones.weights import KeyReport, load_model_weights, read_checkpoint
+from backbones.weights import CheckpointError, KeyReport, load_model_weights, read_checkpoint, state_dict_diff
 
 
 def load_checkpoint_safely(path: str | os.PathLike, map_location: str | torch.device | None = None) -> dict:
@@ -62,6 +62,28 @@ def apply_load_from(model: torch.nn.Module, load_from: str | None, resume: str |
     report = load_model_weights(model, load_from, strict=False)
     rank_zero_info(f"load_from: {report.summary(repr(load_from))}")
     return report
+
+
+def check_resumed_weights(module: torch.nn.Module, checkpoint: dict) -> None:
+    """Raise ``CheckpointError`` unless the Lightning ``checkpoint`` that ``--resume`` restores holds exactly the
+    tensors (keys and shapes) of ``module``: a checkpoint of another config, family or task would otherwise fail
+    inside torch's ``load_state_dict`` with a page of key names and a traceback.
+
+    Args:
+        module: the LightningModule being resumed (its trainer, when attached, names the file).
+        checkpoint: the loaded checkpoint, before Lightning restores it.
+    """
+    if "state_dict" not in checkpoint:  # a sharded (FSDP) checkpoint: the strategy loads the shards itself
+        return
+    report = state_dict_diff(checkpoint["state_dict"], module.state_dict())
+    if report:
+        source = getattr(module._trainer, "ckpt_path", None) or "the checkpoint"
+        model = getattr(module, "model", module)
+        raise CheckpointError(
+            f"--resume: {source} is not a checkpoint of this config's {type(model).__name__}. {report} "
+            "Resume only with the config that wrote it; to start from another model's weights, train afresh "
+            "with --cfg-options load_from=CKPT (tensors of another shape are skipped)."
+        )
 
 
 def _map(obj, device):

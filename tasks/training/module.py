@@ -32,6 +32,7 @@ from torchmetrics import Metric
 from ..config import build_from_registry, config_text, register_scope
 from ..evaluation.select import build_evaluators, check_monitor
 from ..evaluation.tta import TTAPredictor
+from .checkpoint_io import check_resumed_weights
 from .compile import compile_model, compile_options
 from .nonfinite import NonFiniteLossPolicy
 from .optim import build_optimizer, build_schedulers, scale_lr
@@ -229,8 +230,9 @@ class MMTaskModule(L.LightningModule):
         result = evaluator.compute()  # gathers all ranks
         evaluator.reset()
         metrics = {k: float(v) for k, v in result.items() if k != "per_class"}
-        # Same value on every rank already, so no sync_dist (which would be one more collective).
-        self.log_dict(metrics, sync_dist=False)
+        # Same value on every rank already; the max over ranks keeps it exactly (a mean could round it), and
+        # without sync_dist Lightning warns on every distributed validation.
+        self.log_dict(metrics, sync_dist=True, reduce_fx="max")
         if "per_class" in result:
             metrics["per_class"] = result["per_class"]
         return metrics
@@ -254,6 +256,7 @@ class MMTaskModule(L.LightningModule):
         checkpoint.update(self.nonfinite.state_dict())
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_resumed_weights(self, checkpoint)  # before Lightning loads them
         self.nonfinite.load_state_dict(checkpoint)
 
     # ---- optimisation ----------------------------------------------------------------------------

@@ -37,6 +37,8 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from backbones.errors import CheckpointError
+
 # The process's exit status after a preemption checkpoint: sysexits' EX_TEMPFAIL ("try again later").
 EXIT_PREEMPTED = 75
 
@@ -55,7 +57,8 @@ def resume_checkpoint(resume: str | None, work_dir: str) -> str | None:
         return None
     ckpt = last if resume == "last" else resume
     if not osp.isfile(ckpt):
-        raise FileNotFoundError(
+        # CheckpointError: a user error, which tools/train.py prints without a traceback
+        raise CheckpointError(
             f"--resume: checkpoint {ckpt} does not exist (--resume auto starts fresh when there is none)"
         )
     return ckpt

@@ -126,7 +126,12 @@ def build_loggers(cfg: Config, work_dir: str) -> list[Logger]:
             _mlflow_store(kwargs, work_dir, where)
             kwargs.setdefault("experiment_name", project)
             kwargs.setdefault("run_name", run_name)
-        loggers.append(TRACKERS[type_name][0](**kwargs))
+        logger = TRACKERS[type_name][0](**kwargs)
+        if type_name == "WandbLogger" and logger._wandb_init.get("anonymous", 0) is None:
+            # Lightning always passes anonymous=None to wandb.init, and wandb >= 0.19 warns on every run that the
+            # (removed) setting has no effect whenever the key is given: leave it out unless the config sets it.
+            del logger._wandb_init["anonymous"]
+        loggers.append(logger)
     return loggers
 
 
