@@ -4,19 +4,17 @@
 The weights (``CKPT``) may be:
 
 * a Lightning checkpoint of ``tools/train.py`` or an mm-format model (``tools/export_model.py``, mm's own
-  releases): read by ``tasks.deploy.checkpoints.read_training_checkpoint`` and checked against the config's
-  model (same keys,
-  same shapes) before they are loaded;
+  releases): read by ``tasks.deploy.checkpoints.read_training_checkpoint``, checked against the config's model
+  (same keys, same shapes) before they are loaded;
 * a backbone export (``tools/export_backbone.py``; ``.pth``, ``.safetensors`` or the official layout): loaded into
   the config's backbone by ``backbones.load_pretrained`` (family and arch checked). The neck and heads are not in
   such a file: they keep the config's initialisation, and a warning says so.
 
-Outputs, in ``DetInferencer``'s layout (``OUT_DIR/vis``, ``OUT_DIR/preds``), one of each per image, written
-atomically: ``vis/<image file name>``, the image with the predictions drawn by the library's visualizer, and
-``preds/<image stem>.json``, the library inferencer's result dict: mmdet ``{'labels', 'scores', 'bboxes',
-'masks'}`` (``DetInferencer.pred2dict``: boxes as x1, y1, x2, y2 in input pixels, masks as COCO RLE), mmseg
-``{'sem_seg': H x W class indices}`` (``MMSegInferencer.postprocess``). Segmentation also writes the class-index
-map as ``preds/<image stem>.png``, mmseg's prediction file.
+Outputs, in ``DetInferencer``'s layout, one of each per image, written atomically: ``vis/<image file name>``, the
+image with the predictions drawn by the library's visualizer, and ``preds/<image stem>.json``, the inferencer's
+result dict: mmdet ``{'labels', 'scores', 'bboxes', 'masks'}`` (``DetInferencer.pred2dict``: boxes x1, y1, x2, y2
+in input pixels, masks as COCO RLE), mmseg ``{'sem_seg': H x W class indices}`` (``MMSegInferencer.postprocess``),
+which also writes the class-index map as ``preds/<image stem>.png``, mmseg's prediction file.
 """
 
 from __future__ import annotations

@@ -11,9 +11,8 @@ Non-finite losses follow the config's ``nonfinite_loss`` policy (tasks/training/
 ``compile`` compiles the backbone and neck for training (tasks/training/compile.py).
 
 State that is not the task's own lives in Lightning callbacks (tasks/training/callbacks.py, added by
-``tasks.training.trainer.build_trainer``): the RNG states saved in checkpoints and restored on resume, BatchNorm
-buffers averaged over DDP ranks before evaluation, and the refusal to write a checkpoint from non-finite
-weights.
+``tasks.training.trainer.build_trainer``): the RNG states of checkpoints, BatchNorm buffers averaged over DDP
+ranks before evaluation, and the refusal to write a checkpoint from non-finite weights.
 """
 
 from __future__ import annotations
