@@ -116,9 +116,12 @@ def test_wandb_offline_run_holds_metrics_hyperparameters_and_config(tracked_run)
     assert "'type': 'HATNet'" in text and Config.fromstring(text, ".py").model.backbone.type == "HATNet"
 
 
-def test_mlflow_file_store_holds_metrics_hyperparameters_and_config(tracked_run):
+def test_mlflow_file_store_holds_metrics_hyperparameters_and_config(tracked_run, monkeypatch):
     from mlflow.tracking import MlflowClient
 
+    # MLflow 3 opens a file store only with this set; the run set it in the process that trained it, which under
+    # pytest-xdist may be the other worker
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     root, work_dir, metrics = tracked_run
     root = Path(root)
     client = MlflowClient(f"file:{root / 'mlruns'}")
