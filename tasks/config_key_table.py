@@ -283,7 +283,7 @@ KEYS: tuple[Key, ...] = (
     Key("type", "param_scheduler", HONOURED, "the mmengine / mmdet / mmseg scheduler class"),
     Key("begin", "param_scheduler", HONOURED, "first epoch / optimizer step"),
     Key("end", "param_scheduler", HONOURED, "last epoch / optimizer step (default: the run's length)"),
-    Key("by_epoch", "param_scheduler", HONOURED, "per epoch (not in a run without epochs) or optimizer step"),
+    Key("by_epoch", "param_scheduler", HONOURED, "per epoch (pass over the train loader) or optimizer step"),
     Key("convert_to_iter_based", "param_scheduler", HONOURED, "epochs converted to optimizer steps"),
     Key(
         "*",

@@ -288,20 +288,31 @@ def test_auto_scale_lr_enabled_without_a_base_batch_size_names_the_key():
     load_config(SEG_CFG, {"auto_scale_lr.enable": True, "auto_scale_lr.base_batch_size": 16})
 
 
-def test_an_epoch_scheduler_in_a_run_without_epochs_is_refused():
-    # mmengine's IterBasedTrainLoop never steps a by_epoch=True scheduler; here it stepped once per pass over the
-    # data, silently another schedule than the config's
+def test_an_epoch_scheduler_in_a_run_limited_by_steps_is_named(log_lines):
+    # mmengine's IterBasedTrainLoop never steps a by_epoch=True scheduler; here a run limited by max_steps still
+    # passes over the train loader epoch by epoch and steps it then: said in one line, not silently
     import torch
 
-    from tasks.config import ConfigError
     from tasks.training.optim import build_schedulers
+
+    def lrs(scheduler, epochs):
+        out = []
+        for _ in range(epochs):
+            out.append(scheduler.optimizer.param_groups[0]["lr"])
+            scheduler.optimizer.step()
+            scheduler.step()
+        return out
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     steps = dict(max_epochs=-1, max_steps=10, epoch_length=lambda: 5)
     cfg = dict(type="MultiStepLR", by_epoch=True, milestones=[1])
-    with pytest.raises(
-        ConfigError, match=r"param_scheduler\[1\] \(MultiStepLR\): by_epoch=True .*max_steps=10.*by_epoch=False"
-    ):
-        build_schedulers(optimizer, [dict(type="LinearLR", by_epoch=False, end=2), cfg], **steps)
+    (linear, multistep) = build_schedulers(optimizer, [dict(type="LinearLR", by_epoch=False, end=2), cfg], **steps)
+    assert (linear["interval"], multistep["interval"]) == ("step", "epoch")
+    (alone,) = build_schedulers(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), [cfg], **steps)
+    assert lrs(alone["scheduler"], 3) == pytest.approx([1.0, 0.1, 0.1])  # epoch 1 on: milestone 1 reached
+    line, _ = [m for m in log_lines if m.startswith("param_scheduler[")]  # then [0], the entry built alone
+    assert line.startswith("param_scheduler[1] (MultiStepLR): by_epoch=True in a run of max_steps=10: it steps after")
+    log_lines.clear()
     (converted,) = build_schedulers(optimizer, [{**cfg, "convert_to_iter_based": True}], **steps)
     assert converted["interval"] == "step" and converted["scheduler"].milestones == {5: 1}
+    assert not [m for m in log_lines if m.startswith("param_scheduler[")]

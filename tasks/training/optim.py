@@ -26,8 +26,6 @@ from mmengine.registry import PARAM_SCHEDULERS
 from torch import nn
 from torch.optim import Optimizer
 
-from ..config_keys import ConfigError
-
 # OptimWrapper keys that Lightning handles (see tasks/training/trainer.py), dropped before mmengine builds it.
 _LIGHTNING_OWNED = ("clip_grad", "accumulative_counts", "loss_scale", "dtype", "use_fsdp")
 
@@ -98,11 +96,10 @@ def build_schedulers(
 ) -> list[dict]:
     """Return Lightning ``lr_scheduler`` config dicts, one per mm scheduler, in config order.
 
-    An epoch scheduler in a run without epochs (``max_steps`` only) is refused (mmengine's IterBasedTrainLoop never
-    steps it) unless ``convert_to_iter_based``. ``end`` defaults to the run length as in mmengine's Runner (for an
-    iteration scheduler of an epoch-based run,
-    ``max_epochs`` x ``epoch_length()``); ``convert_to_iter_based=True`` needs the number of optimizer steps per
-    epoch too, computed only when needed (``epoch_length()``).
+    An epoch scheduler in a run limited by ``max_steps`` steps after each pass over the train loader, with one log
+    line (mmengine's IterBasedTrainLoop never steps it). ``end`` defaults to the run length as in mmengine's Runner
+    (for an iteration scheduler of an epoch-based run, ``max_epochs`` x ``epoch_length()``);
+    ``convert_to_iter_based=True`` needs the number of optimizer steps per epoch too, computed only when needed.
     """
     if scheduler_cfgs is None:
         return []
@@ -114,10 +111,10 @@ def build_schedulers(
         cfg = copy.deepcopy(dict(cfg))
         by_epoch = cfg.get("by_epoch", True)
         if by_epoch and iteration_based and not cfg.get("convert_to_iter_based", False):
-            raise ConfigError(
-                f"param_scheduler[{i}] ({cfg.get('type')}): by_epoch=True in a run of max_steps={max_steps} without "
-                "epochs, where mmengine's IterBasedTrainLoop never steps it; set by_epoch=False with begin / end / "
-                "milestones in iterations, or convert_to_iter_based=True (epochs of the train loader)"
+            rank_zero_info(
+                f"param_scheduler[{i}] ({cfg.get('type')}): by_epoch=True in a run of max_steps={max_steps}: it "
+                "steps after each pass over the train loader (mmengine's IterBasedTrainLoop would never step it); "
+                "for a schedule in iterations set by_epoch=False, or convert_to_iter_based=True"
             )
         if "end" not in cfg:
             if by_epoch and max_epochs is not None and max_epochs > 0:
