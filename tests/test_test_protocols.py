@@ -229,9 +229,11 @@ def test_tta_refused_where_it_cannot_work(data_opts, tmp_path):
 
 def test_the_command_line_names_a_missing_checkpoint_without_a_traceback(data_opts, tmp_path, monkeypatch):
     ckpt = str(tmp_path / "missing.ckpt")
+    monkeypatch.chdir(tmp_path)  # the default work dir, work_dirs/<config>, is made under the current folder
     monkeypatch.setattr("sys.argv", ["test.py", DET_CFG, ckpt, "--cfg-options", *data_opts("tiny_coco")])
     with pytest.raises(SystemExit, match=r"^error: Checkpoint file not found: '.*missing\.ckpt'\. Check the path"):
         load_tool("test").main()
+    assert not (tmp_path / "work_dirs").exists()  # nothing made for a run that cannot start
 
 
 def test_the_command_line_names_a_missing_dataset_path_without_a_traceback(data_opts, seg_ckpt, tmp_path, monkeypatch):

@@ -134,6 +134,9 @@ def test(args: argparse.Namespace, callbacks=()) -> dict:
         dataset = cfg.test_dataloader.dataset
         dataset.pipeline = without_annotation_loading(dataset.pipeline)
         (dataset.get("data_prefix") or {}).pop("seg_map_path", None)
+    # a directory is a sharded Lightning checkpoint; a file (or an http(s) URL, downloaded once and verified) is
+    # read safely (weights_only + allow-list) by backbones.weights; checked before any output folder is made
+    checkpoint = args.checkpoint if osp.isdir(args.checkpoint) else check_checkpoint_path(args.checkpoint)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
     # every output is checked before the model runs: an unwritable path would fail only at the end
     if not args.format_only:
@@ -148,9 +151,6 @@ def test(args: argparse.Namespace, callbacks=()) -> dict:
     module, datamodule = build_task(cfg, init_weights=False)  # the checkpoint provides every weight
     if args.tta:
         enable_tta(cfg, module, args.config)
-    # a directory is a sharded Lightning checkpoint; a file (or an http(s) URL, downloaded once and verified) is
-    # read safely (weights_only + allow-list) by backbones.weights
-    checkpoint = args.checkpoint if osp.isdir(args.checkpoint) else check_checkpoint_path(args.checkpoint)
     ckpt = None if osp.isdir(checkpoint) else read_training_checkpoint(checkpoint)
     if ckpt is not None:  # the weights only: testing restores no training state (Lightning's ckpt_path would)
         load_state_dict_checked(module.model, ckpt.state_dict, repr(args.checkpoint), strict=True)
