@@ -216,8 +216,11 @@ def test_det_tta_equals_mmdet_det_tta_model(data_opts, tmp_path, capsys):
 
 
 def test_tta_refused_where_it_cannot_work(data_opts, tmp_path):
+    ckpt = tmp_path / "never_read.pth"  # the path is checked first; the refusal comes before it is read
+    ckpt.touch()
+    argv = [DET_CFG, str(ckpt), "--tta", "--work-dir", str(tmp_path), "--cfg-options", *data_opts("tiny_coco")]
     with pytest.raises(ValueError, match="defines no tta_model / tta_pipeline"):
-        load_tool("test").main([DET_CFG, "missing.pth", "--tta", "--cfg-options", *data_opts("tiny_coco")])
+        load_tool("test").main(argv)
     # Mask R-CNN: DetTTAModel would stop with an AssertionError deep inside mmdet
     cfg = load_cfg(DET_CFG, data_opts("tiny_coco"))
     cfg.tta_model = dict(type="DetTTAModel", tta_cfg=dict(nms=dict(type="nms", iou_threshold=0.5), max_per_img=100))
