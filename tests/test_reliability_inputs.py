@@ -456,9 +456,9 @@ def test_an_unwritable_output_path_is_named_and_nothing_is_left(tmp_path):
 @pytest.mark.parametrize(
     "tool, args",
     [
-        ("test", [DET_CFG, "x.ckpt", "--out", "{bad}/m.json"]),
-        ("test", [DET_CFG, "x.ckpt", "--show-dir", "{bad}"]),
-        ("test", [DET_CFG, "x.ckpt", "--dump", "{bad}/d.pkl"]),
+        ("test", [DET_CFG, "{tmp}/x.ckpt", "--out", "{bad}/m.json"]),
+        ("test", [DET_CFG, "{tmp}/x.ckpt", "--show-dir", "{bad}"]),
+        ("test", [DET_CFG, "{tmp}/x.ckpt", "--dump", "{bad}/d.pkl"]),
         ("plot_curves", ["{tmp}", "--out", "{bad}/c.png"]),
         ("get_flops", [SEG_CFG, "--out", "{bad}/f.json"]),
         ("browse_dataset", [SEG_CFG, "--out-dir", "{bad}"]),
@@ -469,6 +469,8 @@ def test_an_unwritable_output_path_is_named_and_nothing_is_left(tmp_path):
 def test_the_tools_name_an_unwritable_output_before_working_and_without_a_traceback(tool, args, tmp_path, monkeypatch):
     # the folder of the output cannot be made: os.makedirs raised from inside the writers, after the work was done
     (tmp_path / "file").write_text("x")
+    (tmp_path / "x.ckpt").write_text("x")  # test.py checks the checkpoint path first; the outputs before reading it
+    monkeypatch.chdir(tmp_path)  # test.py's default work dir (work_dirs/<config>) is made in the current folder
     Image.new("RGB", (32, 32)).save(tmp_path / "x.jpg")
     bad = tmp_path / "file" / "out"
     argv = [a.format(bad=bad, tmp=tmp_path) for a in args]
