@@ -19,6 +19,7 @@ import inspect
 from collections.abc import Iterator, Mapping
 
 from .config_key_table import ANY, HONOURED, IGNORED, KEYS, REFUSED, VARIABLE, Key
+from .rank_zero import rank_zero_info
 
 
 class ConfigError(ValueError):
@@ -115,8 +116,6 @@ def check_keys(cfg, path: str, overridden=()) -> None:
         ConfigError: an unknown key (with the closest valid ones), a refused key set to a value mm's bases do not
             give it (with the alternative), or an invalid value of a checked key.
     """
-    from lightning.pytorch.utilities import rank_zero_info
-
     for where, name, value in _entries(cfg):
         table = keys_of(where.rstrip("."))
         if where == "" and name.startswith("_") and not name.startswith("__"):
@@ -140,8 +139,6 @@ def check_keys(cfg, path: str, overridden=()) -> None:
 def _check_values(cfg, path: str, overridden=()) -> None:
     """The keys whose value picks a behaviour: the train loop's type, the logger hook's options, and each
     ``param_scheduler`` entry's keys (against its class's arguments)."""
-    from lightning.pytorch.utilities import rank_zero_info
-
     loop = (cfg.get("train_cfg") or {}).get("type")
     if loop not in (None, "EpochBasedTrainLoop", "IterBasedTrainLoop"):
         raise ConfigError(
@@ -191,8 +188,6 @@ def _check_lengths(cfg, path: str, overridden=()) -> None:
     ``max_steps``, so ``train_cfg`` is not read) logs one line naming both, when they differ; so does a
     ``default_hooks.logger.interval`` other than mm's 50 that ``trainer.log_every_n_steps`` overrides. Trainer
     values set on the command line (``overridden``) are the user's choice and pass."""
-    from lightning.pytorch.utilities import rank_zero_info
-
     trainer, train_cfg = cfg.get("trainer") or {}, cfg.get("train_cfg") or {}
     interval = ((cfg.get("default_hooks") or {}).get("logger") or {}).get("interval")
     chosen = {key.removeprefix("trainer.") for key in overridden if key.startswith("trainer.")}

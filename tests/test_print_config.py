@@ -2,13 +2,15 @@
 bad config path, option or trainer argument (no traceback from inside a library)."""
 
 import re
+import subprocess
+import sys
 
 import pytest
 from mmengine.config import Config
 from PIL import Image
 
 from tasks.config import ConfigError, load_config
-from tests._tools import DET_CFG, SEG_CFG, load_tool
+from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 
 
 def test_print_config_resolves_bases_and_overrides(capsys):
@@ -21,6 +23,23 @@ def test_print_config_resolves_bases_and_overrides(capsys):
     assert cfg.model.type == "MaskRCNN" and cfg.model.rpn_head.type == "RPNHead"
     assert cfg.trainer.max_epochs == 3 and cfg.model.roi_head.bbox_head.num_classes == 7
     assert cfg.model.backbone.type == "STViT"
+
+
+def test_print_config_starts_without_lightning_and_prints_its_notes():
+    # reading a config needs no trainer: tools/print_config.py does not import Lightning (about 8 s of start-up
+    # on 2 cores), and the notes on ignored keys still reach the console (tasks/rank_zero.py)
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['print_config.py', {DET_CFG!r}, '--cfg-options', 'default_hooks.logger.interval=10']\n"
+        "runpy.run_path('tools/print_config.py', run_name='__main__')\n"
+        "print('lightning' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "model = dict(" in out.stdout and out.stdout.splitlines()[-1] == "False"
+    assert "default_hooks.logger.interval=10 is not used: the trainer section sets trainer.log_every_n_steps" in (
+        out.stderr
+    )
 
 
 def test_print_config_segmentation():
