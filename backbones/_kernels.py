@@ -274,15 +274,15 @@ def inverted_residual(
 # --- STViT's 3x3 super-token neighbourhoods -----------------------------------------------------------------
 # Padded slices instead of the official identity-kernel convolutions (whose strided layout made ``bmm`` fall
 # back to a per-batch loop): stacked contiguous in an NHWC layout whose matrices feed ``bmm`` without copies.
-def unfold3x3(x: torch.Tensor) -> torch.Tensor:
-    """``_ops.unfold3x3``: (B, h, w, C) -> (B, h*w, 9, C), as padded slices."""
+# The two are adjoint linear maps, so each one's backward is the other's forward. Autograd's own backward of the
+# slices allocated and zero-filled a full-size gradient per slice: nine per call (docs/performance.md).
+def _unfold3x3(x: torch.Tensor) -> torch.Tensor:
     B, h, w, C = x.shape
     xp = F.pad(x, (0, 0, 1, 1, 1, 1))
     return torch.stack([xp[:, i : i + h, j : j + w] for i in range(3) for j in range(3)], dim=3).reshape(B, h * w, 9, C)
 
 
-def fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """``_ops.fold3x3``: (B, h*w, 9, C) -> (B, h, w, C), as nine shifted slice additions."""
+def _fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
     B, _, _, C = x.shape
     x = x.reshape(B, h, w, 9, C)
     out = x.new_zeros(B, h + 2, w + 2, C)
@@ -290,3 +290,35 @@ def fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         i, j = divmod(k, 3)
         out[:, i : i + h, j : j + w] += x[:, :, :, k]
     return out[:, 1 : h + 1, 1 : w + 1]
+
+
+class _Unfold3x3(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.hw = x.shape[1:3]
+        return _unfold3x3(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _fold3x3(grad, *ctx.hw)
+
+
+class _Fold3x3(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, h, w):
+        return _fold3x3(x, h, w)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _unfold3x3(grad), None, None
+
+
+def unfold3x3(x: torch.Tensor) -> torch.Tensor:
+    """``_ops.unfold3x3``: (B, h, w, C) -> (B, h*w, 9, C), as padded slices; its backward is ``fold3x3``."""
+    return _Unfold3x3.apply(x) if torch.is_grad_enabled() and x.requires_grad else _unfold3x3(x)
+
+
+def fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """``_ops.fold3x3``: (B, h*w, 9, C) -> (B, h, w, C), as nine shifted slice additions; its backward is
+    ``unfold3x3``."""
+    return _Fold3x3.apply(x, h, w) if torch.is_grad_enabled() and x.requires_grad else _fold3x3(x, h, w)
