@@ -35,6 +35,7 @@ class OpSet:
     attention: Callable
     unfold3x3: Callable
     fold3x3: Callable
+    gelu: Callable
     conv_ffn: Callable
     inverted_residual: Callable
 
@@ -79,6 +80,7 @@ PLAIN = OpSet(
     attention=_plain_attention,
     unfold3x3=_plain_unfold3x3,
     fold3x3=_plain_fold3x3,
+    gelu=F.gelu,
     conv_ffn=_plain_conv_ffn,
     inverted_residual=_plain_inverted_residual,
 )
@@ -93,6 +95,7 @@ def fast_ops(limits: Limits) -> OpSet:
         attention=functools.partial(_attention.attention, limits=limits),
         unfold3x3=_kernels.unfold3x3,
         fold3x3=_kernels.fold3x3,
+        gelu=_kernels.gelu,
         conv_ffn=functools.partial(_kernels.conv_ffn, limits=limits),
         inverted_residual=functools.partial(_kernels.inverted_residual, limits=limits),
     )
@@ -172,6 +175,11 @@ def unfold3x3(x: torch.Tensor) -> torch.Tensor:
 def fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
     """The adjoint of ``unfold3x3``: (B, h*w, 9, C) -> (B, h, w, C), each cell summing its neighbours' shares."""
     return _ACTIVE[0].fold3x3(x, h, w)
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``F.gelu``; fast: a channels_last map through its NHWC view (``_kernels.gelu``)."""
+    return _ACTIVE[0].gelu(x, approximate=approximate)
 
 
 def conv_ffn(x: torch.Tensor, fc1: nn.Module, act: nn.Module, res: nn.Module, fc2: nn.Module) -> torch.Tensor:

@@ -90,6 +90,13 @@ class LayerNorm2d(nn.LayerNorm):
         return ops.to_internal(nchw(F.layer_norm(nhwc(x), self.normalized_shape, self.weight, self.bias, self.eps)))
 
 
+class GELU(nn.GELU):
+    """nn.GELU through ``ops.gelu`` (on the fast paths a channels_last map goes through its NHWC view)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.gelu(x, approximate=self.approximate)
+
+
 class _LayerNorm2dWrapper(nn.Module):
     # Keeps the official key layout ``norm1.norm.weight``.
     def __init__(self, dim: int):
@@ -119,7 +126,7 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.fc1 = nn.Conv2d(dim, hidden, 1)
-        self.act1 = nn.GELU()
+        self.act1 = GELU()
         self.conv = ResDWC(hidden, 3)
         self.fc2 = nn.Conv2d(hidden, dim, 1)
 
@@ -238,7 +245,7 @@ class StokenAttentionLayer(nn.Module):
 
 def _conv_bn(cin, cout, stride, act=True):
     layers = [nn.Conv2d(cin, cout, 3, stride, 1)]
-    return layers + ([nn.GELU()] if act else []) + [nn.BatchNorm2d(cout)]
+    return layers + ([GELU()] if act else []) + [nn.BatchNorm2d(cout)]
 
 
 class PatchEmbed(nn.Module):
