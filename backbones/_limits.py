@@ -2,6 +2,15 @@
 
 import dataclasses
 
+import torch
+
+# The CPU kind decides two defaults, each measured on both kinds (docs/performance.md, "Fast paths"): with AVX-512
+# oneDNN's GEMMs ran about 2x MKL's, and the oneDNN attention kernel beat SDPA by 30-45 %; on an AVX2 CPU (no
+# AVX-512) SDPA was the faster (1.5-3 % of the whole training step), and dense 3x3 convolutions ran forward and
+# backward faster in NCHW than in channels_last.
+_AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+_NEVER = 2**62
+
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
@@ -11,16 +20,20 @@ class Limits:
         row_chunk_bytes: hidden layers larger than twice this are computed in row chunks of about this size.
         mlp_recompute_numel: hidden activations of STViT's MLP and HAT-Net's inverted residual of at least
             this many elements are recomputed in backward instead of kept (0 = always, a huge value = never).
-        attention_min_keys: the oneDNN attention kernel serves attention over at least this many keys.
+        attention_min_keys: the oneDNN attention kernel serves attention over at least this many keys (by
+            default 256 on CPUs with AVX-512, never elsewhere: SDPA serves it).
         attention_max_calls: ... and at most this many (batch x heads) GEMM pairs.
         attention_max_probs_bytes: up to this size the attention probabilities are kept for backward; above
             it, query chunks are recomputed.
         attention_chunk_bytes: probabilities per query chunk of the chunked attention kernel.
+        dense_conv_nchw: the stems' and downsamplings' dense 3x3 convolutions run on CPU tensors in contiguous
+            NCHW, their results going back to channels_last (by default on CPUs without AVX-512).
     """
 
     row_chunk_bytes: int = 8 * 2**20
     mlp_recompute_numel: int = 2**23
-    attention_min_keys: int = 256
+    attention_min_keys: int = 256 if _AVX512 else _NEVER
     attention_max_calls: int = 64
     attention_max_probs_bytes: int = 64 * 2**20
     attention_chunk_bytes: int = 4 * 2**20
+    dense_conv_nchw: bool = not _AVX512

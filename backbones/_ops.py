@@ -177,6 +177,16 @@ def fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return _ACTIVE[0].fold3x3(x, h, w)
 
 
+def dense_conv(fn: Callable, x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` for ``fn`` a stem or downsampling of dense (not depthwise) convolutions; fast, with
+    ``Limits.dense_conv_nchw`` on a CPU tensor: computed in contiguous NCHW, the result back in the internal
+    layout. Same values either way."""
+    ops_ = _ACTIVE[0]
+    if ops_.fast and ops_.limits.dense_conv_nchw and x.device.type == "cpu":
+        return ops_.to_internal(fn(x.contiguous()))
+    return fn(x)
+
+
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """``F.gelu``; fast: a channels_last map through its NHWC view (``_kernels.gelu``)."""
     return _ACTIVE[0].gelu(x, approximate=approximate)

@@ -210,7 +210,7 @@ class Downsample(nn.Module):
         self.norm = _gn(cout)
 
     def forward(self, x):
-        return self.norm(self.conv(x))
+        return self.norm(ops.dense_conv(self.conv, x))
 
 
 class HATNet(StagedBackbone):
@@ -299,7 +299,7 @@ class HATNet(StagedBackbone):
 
     def forward(self, x):
         check_input(x, "HATNet", self._stem_dtype())
-        x = self.patch_embed(ops.to_internal(x))  # channels_last with fast paths on (see _ops)
+        x = ops.dense_conv(self.patch_embed, ops.to_internal(x))  # channels_last with fast paths on (see _ops)
         outs = []
         for i, ds in enumerate(self._downsamples()):
             if ds is not None:

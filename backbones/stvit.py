@@ -259,7 +259,7 @@ class PatchEmbed(nn.Module):
         )
 
     def forward(self, x):
-        return self.proj(x)
+        return ops.dense_conv(self.proj, x)
 
 
 class PatchMerging(nn.Module):
@@ -268,7 +268,7 @@ class PatchMerging(nn.Module):
         self.proj = nn.Sequential(*_conv_bn(cin, cout, 2, act=False))
 
     def forward(self, x):
-        return self.proj(x)
+        return ops.dense_conv(self.proj, x)
 
 
 class _Layer(nn.Module):

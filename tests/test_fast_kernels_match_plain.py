@@ -120,7 +120,7 @@ def test_onednn_attention_equals_sdpa(shape, chunked):
     and q/k/v gradients as SDPA, on strided views as in the models."""
     # chunked: several chunks of 64 queries, and the dispatch picks the chunked kernel
     limits = dict(attention_max_probs_bytes=0, attention_chunk_bytes=64 * 4 * 300) if chunked else {}
-    with fast_paths(True, **limits) as chosen:
+    with fast_paths(True, attention_min_keys=256, **limits) as chosen:
         _check_onednn_attention(shape, chunked, chosen)
 
 
@@ -150,7 +150,7 @@ def _check_onednn_attention(shape, chunked, limits):
 def test_attention_dispatch():
     from backbones._attention import _onednn_kernel, _OneDnnAttention, _OneDnnChunkedAttention
 
-    limits = _ops.Limits()
+    limits = _ops.Limits(attention_min_keys=256)  # the default on CPUs with AVX-512
     cpu = torch.zeros(1, 5, 1176, 64)
     assert _onednn_kernel(cpu, cpu, limits) is _OneDnnAttention
     assert _onednn_kernel(cpu[:, :, :100], cpu[:, :, :100], limits) is None  # few keys: SDPA
@@ -159,6 +159,39 @@ def test_attention_dispatch():
     assert _onednn_kernel(big, big, limits) is _OneDnnChunkedAttention  # 350 MiB of probabilities: not kept
     small = torch.zeros(120, 1, 300, 8)
     assert _onednn_kernel(small, small, limits) is None  # many small calls
+    # elsewhere (e.g. AVX2) SDPA measured faster: the kernel is not used by default
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    assert (_onednn_kernel(cpu, cpu, _ops.Limits()) is _OneDnnAttention) == avx512
+
+
+@pytest.mark.parametrize("family", ["stvit", "hatnet"])
+def test_dense_convs_in_nchw_equal_channels_last(family):
+    """Limits.dense_conv_nchw: the stem's and the downsamplings' dense convolutions see contiguous NCHW inputs,
+    and the whole model's outputs and gradients equal those of the channels_last path and the plain reference."""
+    from backbones import HATNet
+    from tests._tools import HATNET_T
+
+    torch.manual_seed(0)
+    model = (STViT(STVIT_T) if family == "stvit" else HATNet(HATNET_T)).train()
+    first = model.patch_embed.proj[0] if family == "stvit" else model.patch_embed[0]
+    seen = []
+    first.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    x = torch.randn(2, 3, 72, 100)
+    results = {}
+    for nchw in (True, False):
+        model.zero_grad(set_to_none=True)
+        with fast_paths(True, dense_conv_nchw=nchw):
+            results[nchw] = outputs_and_grads(model, x)
+    assert seen[0] is True and seen[2] is False  # [nchw fast, nchw plain, channels_last fast, ...plain]
+    for nchw, (outs, ref_outs, grads) in results.items():
+        for i, (a, b) in enumerate(zip(outs, ref_outs)):
+            assert_close(a, b, f"stage {i} (dense_conv_nchw={nchw})")
+            assert a.is_contiguous()  # outputs are NCHW either way
+        for n, g, ref_g in grads:
+            if ref_g is None:  # a parameter the input size leaves unused
+                assert g is None, n
+            elif not n.endswith("downsample.proj.0.bias"):  # STViT's conv bias before a train-mode BN: 0 + noise
+                assert_close(g, ref_g, n)
 
 
 @pytest.mark.parametrize("family,kernel", [("hatnet", 3), ("hatnet", 5), ("stvit", 3)])
