@@ -4,10 +4,11 @@ import dataclasses
 
 import torch
 
-# The CPU kind decides two defaults, each measured on both kinds (docs/performance.md, "Fast paths"): with AVX-512
-# oneDNN's GEMMs ran about 2x MKL's, and the oneDNN attention kernel beat SDPA by 30-45 %; on an AVX2 CPU (no
-# AVX-512) SDPA was the faster (1.5-3 % of the whole training step), and dense 3x3 convolutions ran forward and
-# backward faster in NCHW than in channels_last.
+# The CPU kind decides three defaults, each measured on both kinds (docs/performance.md, "Fast paths"): with
+# AVX-512 oneDNN's GEMMs ran about 2x MKL's, the oneDNN attention kernel beat SDPA by 30-45 % and the row chunks
+# were tuned at 8 MiB; on an AVX2 CPU (no AVX-512) SDPA was the faster (1.5-3 % of the whole training step),
+# dense 3x3 convolutions ran forward and backward faster in NCHW than in channels_last, and 32 MiB row chunks
+# (fewer, larger GEMMs) ran the step 3-6 % faster than 8 MiB ones.
 _AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 _NEVER = 2**62
 
@@ -17,7 +18,8 @@ class Limits:
     """Input sizes from which each fast path engages (see docs/performance.md for why these values).
 
     Attributes:
-        row_chunk_bytes: hidden layers larger than twice this are computed in row chunks of about this size.
+        row_chunk_bytes: hidden layers larger than twice this are computed in row chunks of about this size
+            (by default 8 MiB on CPUs with AVX-512, 32 MiB elsewhere).
         mlp_recompute_numel: hidden activations of STViT's MLP and HAT-Net's inverted residual of at least
             this many elements are recomputed in backward instead of kept (0 = always, a huge value = never).
         attention_min_keys: the oneDNN attention kernel serves attention over at least this many keys (by
@@ -30,7 +32,7 @@ class Limits:
             NCHW, their results going back to channels_last (by default on CPUs without AVX-512).
     """
 
-    row_chunk_bytes: int = 8 * 2**20
+    row_chunk_bytes: int = (8 if _AVX512 else 32) * 2**20
     mlp_recompute_numel: int = 2**23
     attention_min_keys: int = 256 if _AVX512 else _NEVER
     attention_max_calls: int = 64
