@@ -32,6 +32,19 @@ def test_build_from_registry_with_pretrained(tmp_path, registry, type_, cls, arc
     assert list(model.state_dict()) == list(ref.state_dict())
 
 
+@pytest.mark.parametrize(
+    "scope,type_,cls,arch", [("mmdet", "STViT", STViT, STVIT_T), ("mmseg", "HATNet", HATNet, HATNET_T)]
+)
+def test_scoped_type_names_build_in_their_library(scope, type_, cls, arch):
+    # type='mmdet.STViT' (mm's cross-library form) searches mmdet's registry alone, not the root one
+    from tasks.scopes import register_scope
+
+    register_scope(scope)
+    MODELS = __import__(f"{scope}.registry", fromlist=["MODELS"]).MODELS
+    model = MODELS.build(dict(type=f"{scope}.{type_}", arch=arch, out_indices=(3,)))
+    assert isinstance(model, cls) and model.out_indices == (3,)
+
+
 def test_detector_keys_are_backbone_keys_with_prefix(tmp_path):
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
