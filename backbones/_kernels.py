@@ -82,6 +82,27 @@ def row_chunked(
     )
 
 
+# --- layout changes whose gradient keeps the source's layout ----------------------------------------------------
+class _ToNCHW(torch.autograd.Function):
+    """x.contiguous(), whose gradient goes back channels_last when x was: autograd's own would hand the NCHW
+    gradient on, and every later gradient accumulation in x's blocks would mix layouts (2-4x slower additions
+    on CPU)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+        return x.contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous(memory_format=torch.channels_last) if ctx.channels_last else grad
+
+
+def to_nchw(x: torch.Tensor) -> torch.Tensor:
+    """``x.contiguous()`` (NCHW); in training, its gradient in x's own layout (``_ToNCHW``)."""
+    return _ToNCHW.apply(x) if torch.is_grad_enabled() and x.requires_grad else x.contiguous()
+
+
 # --- GELU on channels_last maps ------------------------------------------------------------------------------
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """``F.gelu``, on a channels_last map through its NHWC view (the same memory seen as a contiguous tensor; the

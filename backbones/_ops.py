@@ -183,7 +183,7 @@ def dense_conv(fn: Callable, x: torch.Tensor) -> torch.Tensor:
     layout. Same values either way."""
     ops_ = _ACTIVE[0]
     if ops_.fast and ops_.limits.dense_conv_nchw and x.device.type == "cpu":
-        return ops_.to_internal(fn(x.contiguous()))
+        return ops_.to_internal(fn(_kernels.to_nchw(x)))
     return fn(x)
 
 

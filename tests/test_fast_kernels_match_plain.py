@@ -164,6 +164,17 @@ def test_attention_dispatch():
     assert (_onednn_kernel(cpu, cpu, _ops.Limits()) is _OneDnnAttention) == avx512
 
 
+def test_to_nchw_hands_the_gradient_back_in_the_source_layout():
+    # the dense convolutions' NCHW detour: an NCHW gradient reaching the channels_last blocks made every gradient
+    # accumulation there mix layouts
+    x = torch.randn(2, 3, 5, 7).contiguous(memory_format=torch.channels_last).requires_grad_()
+    y = _kernels.to_nchw(x)
+    assert y.is_contiguous() and torch.equal(y, x)
+    g = torch.randn(2, 3, 5, 7)
+    y.backward(g)
+    assert x.grad.is_contiguous(memory_format=torch.channels_last) and torch.equal(x.grad, g)
+
+
 @pytest.mark.parametrize("family", ["stvit", "hatnet"])
 def test_dense_convs_in_nchw_equal_channels_last(family):
     """Limits.dense_conv_nchw: the stem's and the downsamplings' dense convolutions see contiguous NCHW inputs,
