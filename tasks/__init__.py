@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import quiet
+from . import package_configs, quiet
 
 quiet.install()  # before any config is loaded or trainer built (tasks/quiet.py says what and why)
+package_configs.install()  # mmdet:: / mmseg:: paths: each package's model index read once per process
 
 if TYPE_CHECKING:
     import lightning as L
