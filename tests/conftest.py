@@ -1,6 +1,7 @@
 """Fixtures shared by the test modules: the golden vectors, the tiny datasets with the options that point the
 demo configs at them, and the short training runs of the demo configs that several modules read."""
 
+import gc
 import json
 import os
 import shutil
@@ -43,6 +44,14 @@ def pytest_collection_modifyitems(items):
     spread over the workers, which end on short ones and finish together (the default chunks gave one worker most
     of the long tests)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # a stable sort
+
+
+def pytest_collection_finish(session):
+    """The objects of the imported libraries and test modules move to the garbage collector's permanent
+    generation: a full collection (mmengine's datasets call ``gc.collect()`` each time they are built, and
+    Python runs them as objects pile up) then walks only what the tests created, not the millions of objects of
+    torch, mm and Lightning that a worker holds all session."""
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
