@@ -10,6 +10,7 @@ directly, by Lightning's DDP launcher, by torchrun or as simulated SLURM tasks),
   the world size and the image files of each of its training batches.
 """
 
+import gc
 import json
 import os
 import os.path as osp
@@ -71,4 +72,6 @@ if __name__ == "__main__":
         callbacks.append(PauseAtStep(int(os.environ["PAUSE_AT_STEP"]), os.environ["PAUSE_DIR"]))
     if os.environ.get("RECORD_DIR"):
         callbacks.append(RecordRanks(os.environ["RECORD_DIR"]))
-    load_tool("train").cli(sys.argv[1:], callbacks=callbacks)
+    train = load_tool("train")
+    gc.freeze()  # as in the test workers (tests/conftest.py): collections walk what the run creates only
+    train.cli(sys.argv[1:], callbacks=callbacks)

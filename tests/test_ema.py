@@ -4,6 +4,7 @@ average, validation on it, the exports), resume exactness, and the refusals."""
 
 import copy
 import logging
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -247,14 +248,25 @@ class _RecordRaw(L.Callback):
             self.validated.append(copy.deepcopy(module.model.state_dict()))
 
 
-@pytest.fixture(scope="module")
-def ema_run(data_opts, tmp_path_factory):
-    work = tmp_path_factory.mktemp("ema_run")
-    config = _ema_config(work, ema_type="ExpMomentumEMA", momentum=0.01, gamma=3, update_buffers=True)
-    opts = data_opts("tiny_ade20k", "trainer.max_steps=3", "trainer.val_check_interval=3")
+@pytest.fixture(scope="session")
+def ema_run(data_opts, run_once):
+    """The run's work dir and its ``_RecordRaw`` (saved beside it): trained once per session, whichever worker
+    asks first."""
+
+    def make(folder):
+        config = _ema_config(folder, ema_type="ExpMomentumEMA", momentum=0.01, gamma=3, update_buffers=True)
+        opts = data_opts("tiny_ade20k", "trainer.max_steps=3", "trainer.val_check_interval=3")
+        record = _RecordRaw()
+        argv = [config, "--work-dir", str(folder / "work"), "--cfg-options", *opts]
+        load_tool("train").main(argv, callbacks=[record])
+        torch.save(dict(raw=record.raw, validated=record.validated), folder / "record.pt")
+        return str(folder)
+
+    folder = Path(run_once("ema_run", make))
     record = _RecordRaw()
-    load_tool("train").main([config, "--work-dir", str(work / "work"), "--cfg-options", *opts], callbacks=[record])
-    return work / "work", record
+    saved = torch.load(folder / "record.pt", weights_only=True)
+    record.raw, record.validated = saved["raw"], saved["validated"]
+    return folder / "work", record
 
 
 def test_training_saves_the_average_of_the_raw_weights(ema_run):
