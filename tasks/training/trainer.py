@@ -54,6 +54,7 @@ from .restart import ElasticDDPStrategy, Preemption
 from .step_time import StepTime
 from .summary import ParamsSummary
 from .trackers import RunReport, build_loggers
+from .work_dir_checkpoint import WorkDirCheckpoint
 
 TRAINER_KEYS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
 CHECKPOINT_KEYS = frozenset(inspect.signature(ModelCheckpoint.__init__).parameters) - {"self"}
@@ -192,7 +193,8 @@ def trainer_kwargs(cfg: Config) -> dict:
 
 def checkpoint_callback(cfg: Config, work_dir: str) -> ModelCheckpoint:
     """The ``ModelCheckpoint`` of the config's ``checkpoint_callback`` section, writing into ``work_dir``:
-    always ``last.ckpt`` (what ``--resume`` reads), and the best ones by ``monitor`` when it is set."""
+    always ``last.ckpt`` (what ``--resume`` reads), and the best ones by ``monitor`` when it is set. Its ranking
+    follows the work dir when that was moved (tasks/training/work_dir_checkpoint.py)."""
     kwargs = dict(cfg.get("checkpoint_callback") or {})
     _check_keys("checkpoint_callback", kwargs, CHECKPOINT_KEYS)
     kwargs.setdefault("dirpath", work_dir)
@@ -204,7 +206,7 @@ def checkpoint_callback(cfg: Config, work_dir: str) -> ModelCheckpoint:
         kwargs.setdefault("auto_insert_metric_name", False)
     else:
         kwargs.setdefault("save_top_k", 0)  # nothing to rank by: only last.ckpt
-    return ModelCheckpoint(**kwargs)
+    return WorkDirCheckpoint(**kwargs)
 
 
 def build_trainer(
@@ -245,7 +247,7 @@ def build_trainer(
             every = cfg.get("checkpoint_every_n_steps")
             if every:
                 callbacks.append(
-                    ModelCheckpoint(
+                    WorkDirCheckpoint(
                         dirpath=work_dir,
                         save_last=True,
                         save_top_k=0,
