@@ -51,6 +51,7 @@ from .checkpoint_io import AtomicCheckpointIO
 from .ema import build_custom_hooks
 from .progress import is_iteration_based, step_progress_bar
 from .restart import ElasticDDPStrategy, Preemption
+from .step_limit import StepLimitResume
 from .step_time import StepTime
 from .summary import ParamsSummary
 from .trackers import RunReport, build_loggers
@@ -193,8 +194,7 @@ def trainer_kwargs(cfg: Config) -> dict:
 
 def checkpoint_callback(cfg: Config, work_dir: str) -> ModelCheckpoint:
     """The ``ModelCheckpoint`` of the config's ``checkpoint_callback`` section, writing into ``work_dir``:
-    always ``last.ckpt`` (what ``--resume`` reads), and the best ones by ``monitor`` when it is set. Its ranking
-    follows the work dir when that was moved (tasks/training/work_dir_checkpoint.py)."""
+    always ``last.ckpt`` (what ``--resume`` reads), and the best ones by ``monitor`` when it is set."""
     kwargs = dict(cfg.get("checkpoint_callback") or {})
     _check_keys("checkpoint_callback", kwargs, CHECKPOINT_KEYS)
     kwargs.setdefault("dirpath", work_dir)
@@ -241,6 +241,7 @@ def build_trainer(
             RNGStates(),
             FiniteWeightsGuard(),
             Preemption(os.path.join(work_dir, "last.ckpt"), cfg.get("requeue_signal") or "SIGUSR1"),
+            StepLimitResume(),
         ]
         if kwargs.get("enable_checkpointing", True):
             callbacks.append(checkpoint_callback(cfg, work_dir))
