@@ -1,7 +1,8 @@
 """tasks/training/step_limit.py: a run trained to ``max_steps`` inside an epoch and then resumed with a larger
 ``max_steps`` trains the batches, and ends with the state, of one run to the larger ``max_steps``. With gradient
 accumulation (2 batches a step, 4 an epoch): the first run stops after step 1, half way through epoch 0; the
-longer one crosses into epoch 1. No validation: the end of training writes last.ckpt."""
+longer one crosses into epoch 1. Validation (and the best checkpoint) at step 2 only: the end of training writes
+last.ckpt after the step-2 one (tasks/training/work_dir_checkpoint.py; Lightning kept the step-2 file)."""
 
 import json
 
@@ -13,6 +14,7 @@ def test_training_longer_continues_the_epoch_where_max_steps_stopped(data_opts, 
     from tests._train_driver import RecordRanks  # (imports Lightning: not when this module is collected)
 
     opts = seg_opts(data_opts, "trainer.deterministic=True", "trainer.accumulate_grad_batches=2")
+    opts += ["trainer.limit_val_batches=1", "trainer.val_check_interval=2", "checkpoint_callback.monitor=mIoU"]
 
     def train(work, steps, name):
         record = tmp_path / name
@@ -25,5 +27,7 @@ def test_training_longer_continues_the_epoch_where_max_steps_stopped(data_opts, 
     first, longer = train(tmp_path / "cut", 1, "first"), train(tmp_path / "cut", 3, "longer")
     assert len(first) == 2 and first + longer == whole  # the longer run went on with batch 3 of epoch 0
     uninterrupted, resumed = load_ckpt(tmp_path / "whole" / "last.ckpt"), load_ckpt(tmp_path / "cut" / "last.ckpt")
+    assert [p.name for p in (tmp_path / "whole").glob("best_*.ckpt")] == ["best_mIoU_0_2.ckpt"]  # validated at 2
+    assert uninterrupted["global_step"] == resumed["global_step"] == 3  # not the step-2 checkpoint's
     assert_same_training_state(uninterrupted, resumed)
     assert resumed["loops"] == uninterrupted["loops"] and resumed["epoch"] == uninterrupted["epoch"] == 1

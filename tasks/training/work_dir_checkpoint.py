@@ -1,4 +1,5 @@
-"""``WorkDirCheckpoint``: Lightning's ``ModelCheckpoint`` whose ranking of checkpoints follows a moved work dir.
+"""``WorkDirCheckpoint``: Lightning's ``ModelCheckpoint`` whose ranking of checkpoints follows a moved work dir, and
+whose ``last.ckpt`` is the final step's when training ends.
 
 A resumed ``ModelCheckpoint`` takes back its bookkeeping (best score, the top-k files and their scores, the last
 file) only when the checkpoint was written in the same ``dirpath``; otherwise Lightning warns and keeps only
@@ -57,6 +58,13 @@ class WorkDirCheckpoint(ModelCheckpoint):
         # ModelCheckpoint's key (Lightning prefixes the class name): checkpoints written with either class resume
         # into the other, and tasks/deploy/checkpoints.py finds the best score under it
         return f"{ModelCheckpoint.__qualname__}{kwargs!r}"
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # Lightning writes last.ckpt here only when the run wrote none before: a run whose last steps came after its
+        # last checkpoint (max_steps not a multiple of val_check_interval) ended with the last.ckpt of that earlier
+        # step, so --resume repeated the steps after it and the exports lacked them. Written unless this step's is.
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         old = state_dict.get("dirpath", self.dirpath)
