@@ -3,6 +3,7 @@ demo configs at them, and the short training runs of the demo configs that sever
 
 import gc
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -62,6 +63,18 @@ def reference_dir():
             "with `git checkout -- tests/data`"
         )
     return GOLDEN_DATA
+
+
+@pytest.fixture
+def log_lines():
+    """The messages logged through Lightning's logger (where rank_zero_info writes) during the test."""
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("lightning.pytorch")
+    logger.addHandler(handler)
+    yield lines
+    logger.removeHandler(handler)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,6 @@ closest valid one, ignored keys log one line only when set away from mm's defaul
 table's rendering, and the config's ``compile`` trains like the eager model."""
 
 import glob
-import logging
 import os.path as osp
 import re
 
@@ -28,18 +27,6 @@ MM_BASES = sorted(
     for f in glob.glob(osp.join(osp.dirname(pkg.__file__), ".mim", "configs", "_base_", "**", "*.py"), recursive=True)
 )
 OURS = sorted(glob.glob(osp.join(REPO, "configs", "**", "*.py"), recursive=True))
-
-
-@pytest.fixture
-def log_lines():
-    """The messages logged through Lightning's logger (where rank_zero_info writes) during the test."""
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logger = logging.getLogger("lightning.pytorch")
-    logger.addHandler(handler)
-    yield lines
-    logger.removeHandler(handler)
 
 
 def _uncovered(cfg) -> list[str]:

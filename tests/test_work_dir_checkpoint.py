@@ -3,27 +3,13 @@ moved (here: copied elsewhere), and a checkpoint from another directory starts t
 instead of Lightning's warning. Both under warnings-as-errors."""
 
 import glob
-import logging
 import os.path as osp
 
-import pytest
 import torch
 
 from tests._tools import SEG_CFG, load_tool, warnings_as_errors
 
 train_tool = load_tool("train")
-
-
-@pytest.fixture
-def log_lines():
-    """The messages logged through Lightning's logger (where rank_zero_info writes) during the test."""
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logger = logging.getLogger("lightning.pytorch")
-    logger.addHandler(handler)
-    yield lines
-    logger.removeHandler(handler)
 
 
 def _ranking(work_dir):
