@@ -52,7 +52,8 @@ def moved_state(state: dict[str, Any], old: str, new: str) -> dict[str, Any] | N
 
 
 class WorkDirCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` (the same arguments) that resumes its ranking in a moved work dir (module docstring)."""
+    """``ModelCheckpoint`` (the same arguments) that resumes its ranking in a moved work dir and leaves the final
+    step's ``last.ckpt`` at the end of training (module docstring)."""
 
     def _generate_state_key(self, **kwargs: Any) -> str:
         # ModelCheckpoint's key (Lightning prefixes the class name): checkpoints written with either class resume
