@@ -178,13 +178,14 @@ def fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
 
 
 def dense_conv(fn: Callable, x: torch.Tensor) -> torch.Tensor:
-    """``fn(x)`` for ``fn`` a stem or downsampling of dense (not depthwise) convolutions; fast, with
-    ``Limits.dense_conv_nchw`` on a CPU tensor: computed in contiguous NCHW, the result back in the internal
-    layout. Same values either way."""
+    """``fn(x)`` for ``fn`` a stem or downsampling of dense (not depthwise) convolutions, ``x`` in any layout (the
+    input image, or a map in the internal one), the result in the internal layout; fast, with
+    ``Limits.dense_conv_nchw`` on a CPU tensor: computed in contiguous NCHW (no copy of an NCHW image). Same
+    values either way."""
     ops_ = _ACTIVE[0]
     if ops_.fast and ops_.limits.dense_conv_nchw and x.device.type == "cpu":
         return ops_.to_internal(fn(_kernels.to_nchw(x)))
-    return fn(x)
+    return fn(ops_.to_internal(x))
 
 
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

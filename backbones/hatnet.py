@@ -299,7 +299,7 @@ class HATNet(StagedBackbone):
 
     def forward(self, x):
         check_input(x, "HATNet", self._stem_dtype())
-        x = ops.dense_conv(self.patch_embed, ops.to_internal(x))  # channels_last with fast paths on (see _ops)
+        x = ops.dense_conv(self.patch_embed, x)  # channels_last with fast paths on (see _ops)
         outs = []
         for i, ds in enumerate(self._downsamples()):
             if ds is not None:

@@ -383,7 +383,7 @@ class STViT(StagedBackbone):
 
     def forward(self, x):
         check_input(x, "STViT", self._stem_dtype())
-        x = self.patch_embed(ops.to_internal(x))  # channels_last with fast paths on (see _ops)
+        x = self.patch_embed(x)  # channels_last with fast paths on (ops.dense_conv, see _ops)
         outs = []
         for i, layer in enumerate(self.layers):
             x = self._run_blocks(layer.blocks, x, i)
