@@ -4,11 +4,10 @@ import dataclasses
 
 import torch
 
-# The CPU kind decides three defaults, each measured on both kinds (docs/performance.md, "Fast paths"): with
-# AVX-512 oneDNN's GEMMs ran about 2x MKL's, the oneDNN attention kernel beat SDPA by 30-45 % and the row chunks
-# were tuned at 8 MiB; on an AVX2 CPU (no AVX-512) SDPA was the faster (1.5-3 % of the whole training step),
-# dense 3x3 convolutions ran forward and backward faster in NCHW than in channels_last, and 32 MiB row chunks
-# (fewer, larger GEMMs) ran the step 3-6 % faster than 8 MiB ones.
+# The CPU kind decides three defaults, each measured on both kinds (figures: docs/performance.md, "Fast paths"):
+# with AVX-512 oneDNN's GEMMs outran MKL's, the oneDNN attention kernel beat SDPA and the row chunks were tuned at
+# 8 MiB; on an AVX2 CPU (no AVX-512) SDPA was the faster, dense 3x3 convolutions ran forward and backward faster
+# in NCHW than in channels_last, and 32 MiB row chunks (fewer, larger GEMMs) ran the step faster than 8 MiB ones.
 _AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 _NEVER = 2**62
 
