@@ -30,5 +30,10 @@ def table(rows: list[dict]) -> str:
         lines.append([f"ours / {base['model']}", *(_ratio(ours[k], base[k]) for k in ("params_m", *fmts))])
     r = rows[0]
     title = f"{r['size']} input, batch 1 (train step: {TRAIN_BATCH}), {r['device']}"
+    kept = {row["model"]: row.get("detections") for row in rows if row.get("detections") is not None}
+    if len(set(kept.values())) == 1:
+        title += f", {next(iter(kept.values()))} detections per image"
+    elif kept:  # fewer boxes than max_per_img survived NMS in some model: the work differs, so say so
+        title += ", detections per image: " + ", ".join(f"{name} {n}" for name, n in kept.items())
     title += f", median (min-max) of {r['rounds']} rounds"
     return title + "\n\n" + md_table(header, lines)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from perf.whole_model import baseline_config, default_size
+from perf.whole_model import baseline_config, default_size, keep_max_detections
 from tasks.config import load_config
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
@@ -19,6 +19,8 @@ def test_baselines_and_default_sizes():
     assert det.model.backbone.type == "SwinTransformer" and det.model.type == "MaskRCNN"
     assert seg.model.backbone.type == "SwinTransformer" and seg.model.decode_head.type == "UPerHead"
     assert default_size(det) == (800, 1333) and default_size(seg) == (512, 512)
+    assert keep_max_detections(det) == 100 and det.model.test_cfg.rcnn.score_thr == 0.0
+    assert keep_max_detections(seg) is None and "rcnn" not in (seg.model.get("test_cfg") or {})
 
 
 @pytest.mark.slow
@@ -32,8 +34,10 @@ def test_whole_model_against_swin_t(data_opts, tmp_path, capsys):
     for row in (ours, swin):
         assert row["train"]["median"] > 0 and row["peak_gib"] is None
         assert row["infer"]["median"] > 0 and row["infer_loaded"]["median"] > 0  # the tiny test images loaded
+    # the same work per image: at random weights the usual score threshold kept 100 boxes of ours, none of Swin-T's
+    assert ours["detections"] == swin["detections"] == load_config(DET_CFG).model.test_cfg.rcnn.max_per_img
     lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    assert {"ours", "Swin-T", "ours / Swin-T"} <= set(lines)
+    assert {"ours", "Swin-T", "ours / Swin-T"} <= set(lines) and ", 100 detections per image," in text
     ratios = [c.strip() for c in lines["ours / Swin-T"].split("|")[2:-1]]
     assert ratios[1] == f"{ours['infer']['median'] / swin['infer']['median']:.2f}x"
     assert ratios[3] == f"{ours['train']['median'] / swin['train']['median']:.2f}x"

@@ -18,6 +18,7 @@ counted with torch.utils.flop_counter (matmuls, convolutions, attention).
 1 on a ready image of the config's test scale (or --size) and through the config's test dataloader, the training
 step (forward, backward, the config's optimizer step) and peak memory, next to mmdet's Swin-T Mask R-CNN or mmseg's
 Swin-T UPerNet on the same input, round-robin over --repeat rounds after --warmup; a table with ours / Swin-T.
+Detectors keep max_per_img boxes (score threshold 0), so that both do the same work at random weights.
 """
 
 from __future__ import annotations
