@@ -147,3 +147,27 @@ def test_prediction_overlays_draw_boxes_at_the_image_border_without_warnings(tmp
     drawn = mmcv.imread(out)
     assert drawn.shape == (40, 30, 3) and (drawn != 127).any()
     assert torch.equal(sample.pred_instances.bboxes, boxes)
+
+
+def test_segmentation_overlays_of_a_one_pixel_image(tmp_path):
+    # mmseg's visualizer paints each class through a torch mask indexing a numpy image: one element acted as the
+    # index 1 (an IndexError). The map is drawn beside the image, and the prediction is left as it was.
+    import mmcv
+    import numpy as np
+    import torch
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+
+    from tasks.figures.predictions import PredictionWriter
+
+    image = tmp_path / "dot.png"
+    mmcv.imwrite(np.full((1, 1, 3), 127, np.uint8), str(image))
+    label_map = torch.tensor([[[1]]])
+    sample = SegDataSample(metainfo=dict(img_path=str(image)), pred_sem_seg=PixelData(data=label_map.clone()))
+    writer = PredictionWriter(str(tmp_path / "show"), "mmseg")
+    writer.make_visualizer(dict(classes=("a", "b"), palette=[(255, 0, 0), (0, 255, 0)]), name="one-pixel-test")
+    with warnings_as_errors():
+        out = writer.draw(sample)
+    panel = mmcv.imread(out, channel_order="rgb")
+    assert panel.shape == (1, 2, 3) and panel[0, 0].tolist() == [127, 127, 127]  # the image | its labelled map
+    assert torch.equal(sample.pred_sem_seg.data, label_map)

@@ -160,6 +160,17 @@ def test_a_normal_run_prints_no_warning_and_no_library_chatter(run, tiny_data, t
     assert console.strip() == f"1 image(s): overlays in {tmp_path}/vis, predictions in {tmp_path}/preds"
 
 
+def test_a_one_pixel_image_is_segmented_and_drawn(seg_run, tmp_path):
+    # mmseg's visualizer indexed the overlay with a one-element torch mask, which numpy reads as the index 1
+    Image.new("RGB", (1, 1), (10, 200, 30)).save(tmp_path / "dot.png")
+    with warnings_as_errors():
+        infer_tool.main([seg_run.config, seg_run.ckpt, str(tmp_path / "dot.png"), "--out-dir", str(tmp_path / "out")])
+    label_map = np.array(Image.open(tmp_path / "out/preds/dot.png"))
+    in_json = json.loads((tmp_path / "out/preds/dot.json").read_text())["sem_seg"]
+    assert label_map.shape == (1, 1) and label_map.tolist() == in_json
+    assert Image.open(tmp_path / "out/vis/dot.png").size[1] == 1  # the overlay, one pixel high
+
+
 @pytest.mark.parametrize("scope", ["mmdet", "mmseg"])
 def test_the_private_inferencer_method_we_override_is_still_called_as_we_assume(scope):
     # build_inferencer overrides _load_weights_to_model, a private method of mmengine's BaseInferencer (no public

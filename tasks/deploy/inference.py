@@ -42,7 +42,7 @@ from backbones.weights import CheckpointError, check_checkpoint_path, load_state
 
 from ..config import check_config_path, load_config, register_scope
 from ..data.module import without_annotation_loading
-from ..figures.predictions import drawable_detections
+from ..figures.predictions import drawable_detections, drawable_segmentation
 from .checkpoints import read_training_checkpoint
 from .export import check_against_model, dataset_meta
 
@@ -147,7 +147,7 @@ def build_inferencer(config: str, checkpoint: str, device: str | None = None, cf
         device: ``'cpu'``, ``'cuda'``, ``'cuda:1'``...; None: a GPU when there is one.
         cfg_options: ``--cfg-options`` overrides of the config.
     """
-    cfg = load_config(config, cfg_options)
+    cfg = load_config(config, cfg_options, training=False)
     register_scope(cfg.default_scope)
     # The inferencer reads these from the config it is given: no ground truth for the user's images (mmseg's
     # inferencer drops LoadAnnotations too, mmdet's does not), and no storage backends (the overlays are files
@@ -247,7 +247,11 @@ def predict(
                 (batch,) = inferencer.preprocess(paths, batch_size=len(paths))  # the test pipeline, collated
                 preds = inferencer.forward(batch[1]) if detection else _forward_by_size(inferencer, batch)
                 # writes STAGING/vis/<file name>; detection: the boxes drawn inside the image, the JSON keeps them
-                drawn = [drawable(pred, inferencer.visualizer.line_width) for pred in preds] if detection else preds
+                drawn = (
+                    [drawable(pred, inferencer.visualizer.line_width) for pred in preds]
+                    if detection
+                    else [drawable_segmentation(pred) for pred in preds]
+                )
                 inferencer.visualize(paths, drawn, **draw)
                 for path, pred in zip(paths, preds):
                     name, stem = osp.basename(path), osp.splitext(osp.basename(path))[0]

@@ -13,6 +13,7 @@ import os.path as osp
 import lightning as L
 import mmcv
 import numpy as np
+import torch
 
 
 class PredictionWriter(L.Callback):
@@ -75,7 +76,7 @@ class PredictionWriter(L.Callback):
             )
         else:
             # out_file=None: add_datasample leaves the drawing in the visualizer (no backends set)
-            self.visualizer.add_datasample(stem, image, sample, draw_gt=False, with_labels=True)
+            self.visualizer.add_datasample(stem, image, drawable_segmentation(sample), draw_gt=False, with_labels=True)
             panel = np.concatenate([image, self.visualizer.get_image()], axis=1)
             mmcv.imwrite(mmcv.rgb2bgr(panel), out_file)
         return out_file
@@ -103,3 +104,18 @@ def drawable_detections(sample, shape: tuple[int, int], score_thr: float, line_w
         boxes[:, 1] = boxes[:, 1].clamp(max=max(h - 1 - line_width, 0))
         pred.bboxes = boxes
     return DetDataSample(metainfo=sample.metainfo, pred_instances=pred)
+
+
+def drawable_segmentation(sample):
+    """A new ``SegDataSample`` with ``sample``'s metainfo and its ``pred_sem_seg`` as a numpy array.
+
+    mmseg's visualizer paints each class with ``mask[sem_seg[0] == label] = color`` on a numpy image: a torch
+    comparison of one element (a 1x1 image's map) acts there as the integer index 1 (an IndexError), where a
+    numpy boolean mask selects the pixel as meant. ``sample`` is not changed."""
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+
+    label_map = sample.pred_sem_seg.data
+    if isinstance(label_map, torch.Tensor):
+        label_map = label_map.cpu().numpy()
+    return SegDataSample(metainfo=sample.metainfo, pred_sem_seg=PixelData(data=label_map))
