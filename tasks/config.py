@@ -113,7 +113,7 @@ def parse_cfg_options(options: list[str]) -> dict:
     return parser.parse_args(["--cfg-options", *options] if options else []).cfg_options
 
 
-def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Config:
+def load_config(path: str | os.PathLike, cfg_options: dict | None = None, *, training: bool = True) -> Config:
     """Read an mmengine config (``_base_`` / ``mmdet::`` inheritance, ``custom_imports``), apply
     ``--cfg-options`` overrides (already parsed to literals by mmengine's ``DictAction``) and check its keys
     against the key table (``tasks.config_keys.check_keys``: unknown and refused keys raise a ValueError). A path
@@ -122,6 +122,9 @@ def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Con
     Args:
         path: the config file.
         cfg_options: the parsed ``--cfg-options``.
+        training: the config is read to train (or to show what training does): name the ``train_cfg`` lengths
+            the trainer section overrides. False for tools that only evaluate, predict or draw with it (a run's
+            saved config holds the command line's ``trainer.max_steps`` beside the base's ``train_cfg``).
     """
     check_config_path(path)
     cfg = Config.fromfile(os.fspath(path))
@@ -132,7 +135,7 @@ def load_config(path: str | os.PathLike, cfg_options: dict | None = None) -> Con
         raise ConfigError(
             f"{path}: default_scope must be one of {SCOPES} (inherit an mmdet:: or mmseg:: base config), got {scope!r}"
         )
-    check_keys(cfg, os.fspath(path), overridden=tuple(cfg_options or ()))
+    check_keys(cfg, os.fspath(path), overridden=tuple(cfg_options or ()), lengths=training)
     return cfg
 
 

@@ -103,7 +103,7 @@ def _entries(cfg) -> Iterator[tuple[str, str, object]]:
                 yield f"{section}.", name, sub
 
 
-def check_keys(cfg, path: str, overridden=()) -> None:
+def check_keys(cfg, path: str, overridden=(), lengths: bool = True) -> None:
     """Refuse unknown and refused keys of a loaded config; log the ignored ones set to a non-default value.
 
     Args:
@@ -111,6 +111,8 @@ def check_keys(cfg, path: str, overridden=()) -> None:
         path: the config file, for the messages.
         overridden: the keys set on the command line (``--cfg-options``): a trainer value given there is the
             user's choice, not a section that overrides their ``train_cfg`` unseen.
+        lengths: log the ``train_cfg`` lengths and intervals the trainer section overrides (``_check_lengths``);
+            off where the config is not read to train.
 
     Raises:
         ConfigError: an unknown key (with the closest valid ones), a refused key set to a value mm's bases do not
@@ -133,10 +135,10 @@ def check_keys(cfg, path: str, overridden=()) -> None:
             raise ConfigError(f"{path}: {where}{name}={value!r} is not supported here: {key.note}.")
         if key.status == IGNORED and not _is_quiet(key, value):
             rank_zero_info(f"{path}: {where}{name} is ignored: {key.note}.")
-    _check_values(cfg, path, overridden)
+    _check_values(cfg, path, overridden, lengths)
 
 
-def _check_values(cfg, path: str, overridden=()) -> None:
+def _check_values(cfg, path: str, overridden=(), lengths: bool = True) -> None:
     """The keys whose value picks a behaviour: the train loop's type, the logger hook's options, and each
     ``param_scheduler`` entry's keys (against its class's arguments)."""
     loop = (cfg.get("train_cfg") or {}).get("type")
@@ -145,7 +147,8 @@ def _check_values(cfg, path: str, overridden=()) -> None:
             f"{path}: train_cfg.type={loop!r} is not supported here: Lightning runs the loop, with "
             "EpochBasedTrainLoop's max_epochs or IterBasedTrainLoop's max_iters."
         )
-    _check_lengths(cfg, path, overridden)
+    if lengths:
+        _check_lengths(cfg, path, overridden)
     auto = cfg.get("auto_scale_lr") or {}
     base = auto.get("base_batch_size")
     if auto.get("enable") and (not isinstance(base, int) or isinstance(base, bool) or base <= 0):

@@ -235,6 +235,8 @@ def test_a_train_cfg_the_trainer_section_overrides_is_named(tmp_path, log_lines)
     log_lines.clear()
     load_config(path, {"trainer.max_steps": 4, "trainer.val_check_interval": 2})
     assert log_lines == []
+    load_config(path, training=False)  # read to evaluate, predict or draw: the run's length does not matter
+    assert log_lines == []
     # a trainer value given on the command line is the user's own choice: nothing to say
     load_config(path, {"trainer.max_steps": 2})
     assert log_lines == [log_lines[0]] and "train_cfg.val_interval=2" in log_lines[0]

@@ -29,11 +29,13 @@ def test_testing_a_detector_prints_metrics_and_no_library_chatter(det_run, tmp_p
         assert chatter not in console, chatter
 
 
-def test_testing_a_segmentor_prints_metrics_and_no_library_chatter(seg_run, tmp_path, capfd):
+def test_testing_a_segmentor_prints_metrics_and_no_library_chatter(seg_run, tmp_path, capfd, log_lines):
     metrics, console = _test_run(seg_run, tmp_path, capfd)
     assert "mIoU" in metrics and "mIoU" in console
     for chatter in ("Warning", "Tip:", "Be aware", "deprecated"):
         assert chatter not in console, chatter
+    # the run's saved config holds its trainer.max_steps=2 beside the demo's train_cfg: no training-length notes
+    assert not [line for line in log_lines if "is not used" in line]
 
 
 def _outputs(tmp_path, dump: str) -> list:

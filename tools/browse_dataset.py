@@ -30,7 +30,7 @@ def main(argv=None) -> list[str]:
     if args.n is not None and args.n < 1:
         p.error(f"--n must be at least 1, got {args.n}")
     try:
-        cfg = load_config(args.config, args.cfg_options)
+        cfg = load_config(args.config, args.cfg_options, training=False)
         check_writable(args.out_dir, folder=True)
         written = browse_dataset(cfg, args.out_dir, args.phase, args.n, progress=not args.no_progress)
     except (ConfigError, OutputError, DataPathError, DataError) as e:

@@ -127,7 +127,7 @@ def main(argv=None, callbacks=()) -> dict:
 
 def test(args: argparse.Namespace, callbacks=()) -> dict:
     """Evaluate as ``args`` (``parse_args``) say, with extra Lightning ``callbacks``; return the metrics."""
-    cfg = load_config(args.config, args.cfg_options)
+    cfg = load_config(args.config, args.cfg_options, training=False)
     if args.dump:
         check_dump_path(args.dump, cfg.default_scope)  # before the model is built
     if args.format_only:  # no ground truth: none loaded, none needed on disk

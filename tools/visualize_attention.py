@@ -214,7 +214,7 @@ def main(argv=None) -> list[str]:
     """Writes the PNGs and returns their paths."""
     args = parse_args(argv)
     try:
-        cfg = load_config(args.config, args.cfg_options)
+        cfg = load_config(args.config, args.cfg_options, training=False)
         check_writable(args.out_dir, folder=True)
     except (ConfigError, OutputError) as e:
         raise SystemExit(f"error: {e}") from e
