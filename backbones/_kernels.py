@@ -119,10 +119,44 @@ def _conv_args(conv: nn.Conv2d) -> tuple:
     return conv.stride, conv.padding, conv.dilation, conv.groups
 
 
+# --- x + depthwise conv(x) as one convolution ------------------------------------------------------------------
+def _identity_tap(weight: torch.Tensor, conv_args: tuple) -> tuple[int, int] | None:
+    """The kernel position that reads each output pixel's own input pixel, when ``conv2d(x, weight, *conv_args)``
+    is depthwise (one input channel per output channel), of stride 1, and keeps the size with an odd kernel
+    centred by its padding: then x + conv(x) is one convolution with 1 added to the kernel there. None
+    otherwise."""
+    stride, padding, dilation, groups = conv_args
+    if isinstance(padding, str) or tuple(stride) != (1, 1) or weight.shape[1] != 1 or weight.shape[0] != groups:
+        return None
+    if any(k % 2 == 0 or 2 * p != d * (k - 1) for k, p, d in zip(weight.shape[2:], padding, dilation)):
+        return None
+    return (weight.shape[2] // 2, weight.shape[3] // 2)
+
+
+def _residual_conv(x, weight, bias, conv_args, tap) -> torch.Tensor:
+    """x + conv2d(x, weight, bias, *conv_args); with ``tap`` (``_identity_tap``) as one convolution whose kernel
+    has 1 added at the tap: one pass over the map instead of a convolution and an addition, and in backward no
+    sum of x's two gradients. The same values up to rounding, and the same gradients (the 1 is a constant)."""
+    if tap is None:
+        return x + F.conv2d(x, weight, bias, *conv_args)
+    identity = torch.zeros_like(weight)
+    identity[:, :, tap[0], tap[1]] = 1
+    return F.conv2d(x, weight + identity, bias, *conv_args)
+
+
+def residual_dwconv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x + conv(x)`` (``_ops.residual_dwconv``, STViT's ResDWC): one convolution when ``conv`` is an nn.Conv2d
+    that ``_identity_tap`` accepts, with zero padding; else the plain sum."""
+    if not isinstance(conv, nn.Conv2d) or conv.padding_mode != "zeros":
+        return x + conv(x)
+    args = _conv_args(conv)
+    return _residual_conv(x, conv.weight, conv.bias, args, _identity_tap(conv.weight, args))
+
+
 def _gelu_resdwc(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_args: tuple) -> torch.Tensor:
-    """r = g + dwconv(g), g = GELU(h), with the depthwise conv's own stride / padding / dilation / groups."""
-    g = gelu(h)
-    return g + F.conv2d(g, weight, bias, *conv_args)
+    """r = g + dwconv(g), g = GELU(h), with the depthwise conv's own stride / padding / dilation / groups (one
+    convolution where ``_identity_tap`` allows)."""
+    return _residual_conv(gelu(h), weight, bias, conv_args, _identity_tap(weight, conv_args))
 
 
 def _pointwise_conv_backward(dy, x, weight, has_bias, need_x, need_w, need_b):
@@ -220,8 +254,7 @@ def conv_ffn(x: torch.Tensor, fc1: nn.Module, act: nn.Module, res: nn.Module, fc
         h = fc1(t)
         if recompute:
             return _MlpTail.apply(h, dwconv.weight, dwconv.bias, fc2.weight, fc2.bias, _conv_args(dwconv))
-        g = act(h)
-        return fc2(g + dwconv(g))
+        return fc2(res(act(h)))
 
     return row_chunked(row_local, x, (fc1, dwconv, fc2), hidden_channels, limits=limits)
 

@@ -36,6 +36,7 @@ class OpSet:
     unfold3x3: Callable
     fold3x3: Callable
     gelu: Callable
+    residual_dwconv: Callable
     conv_ffn: Callable
     inverted_residual: Callable
 
@@ -81,6 +82,7 @@ PLAIN = OpSet(
     unfold3x3=_plain_unfold3x3,
     fold3x3=_plain_fold3x3,
     gelu=F.gelu,
+    residual_dwconv=lambda conv, x: x + conv(x),
     conv_ffn=_plain_conv_ffn,
     inverted_residual=_plain_inverted_residual,
 )
@@ -96,6 +98,7 @@ def fast_ops(limits: Limits) -> OpSet:
         unfold3x3=_kernels.unfold3x3,
         fold3x3=_kernels.fold3x3,
         gelu=_kernels.gelu,
+        residual_dwconv=_kernels.residual_dwconv,
         conv_ffn=functools.partial(_kernels.conv_ffn, limits=limits),
         inverted_residual=functools.partial(_kernels.inverted_residual, limits=limits),
     )
@@ -191,6 +194,12 @@ def dense_conv(fn: Callable, x: torch.Tensor) -> torch.Tensor:
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """``F.gelu``; fast: a channels_last map through its NHWC view (``_kernels.gelu``)."""
     return _ACTIVE[0].gelu(x, approximate=approximate)
+
+
+def residual_dwconv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x + conv(x)`` for ``conv`` a depthwise convolution that keeps the size (STViT's ResDWC); fast: one
+    convolution, its kernel with 1 added at the centre (``_kernels.residual_dwconv``)."""
+    return _ACTIVE[0].residual_dwconv(conv, x)
 
 
 def conv_ffn(x: torch.Tensor, fc1: nn.Module, act: nn.Module, res: nn.Module, fc2: nn.Module) -> torch.Tensor:

@@ -117,7 +117,7 @@ class ResDWC(nn.Module):
         self.conv = nn.Conv2d(dim, dim, kernel_size, 1, kernel_size // 2, groups=dim)
 
     def forward(self, x):
-        return x + self.conv(x)
+        return ops.residual_dwconv(self.conv, x)  # x + conv(x)
 
 
 class Mlp(nn.Module):

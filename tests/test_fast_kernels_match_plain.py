@@ -49,6 +49,52 @@ def test_mlp_tail_gradcheck(kernel):
     assert torch.autograd.gradcheck(lambda *a: _MlpTail.apply(*a, conv_args), inputs)
 
 
+@pytest.mark.parametrize(
+    "conv",
+    [
+        torch.nn.Conv2d(6, 6, 3, padding=1, groups=6),
+        torch.nn.Conv2d(6, 6, 5, padding=4, dilation=2, groups=6, bias=False),
+        torch.nn.Conv2d(6, 6, (3, 5), padding=(1, 2), groups=6),
+    ],
+    ids=["3x3", "5x5-dilated", "3x5"],
+)
+def test_residual_depthwise_conv_is_one_convolution_with_the_same_values_and_gradients(conv):
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 7, 9, dtype=torch.double).contiguous(memory_format=torch.channels_last)
+    conv = conv.double()
+    assert _kernels._identity_tap(conv.weight, _kernels._conv_args(conv)) is not None
+    params = list(conv.parameters())
+    ys = []
+    for fast in (False, True):
+        with fast_paths(fast):
+            xs = x.clone().requires_grad_()
+            y = _ops.residual_dwconv(conv, xs)
+            ys.append((y, *torch.autograd.grad(y, [xs, *params], torch.ones_like(y))))
+    for a, b in zip(*ys):
+        torch.testing.assert_close(a, b)
+    weight, bias, args = conv.weight.detach(), conv.bias, _kernels._conv_args(conv)
+    tap = _kernels._identity_tap(weight, args)
+    inputs = [x.clone().requires_grad_(), weight.clone().requires_grad_()]
+    assert torch.autograd.gradcheck(lambda a, w: _kernels._residual_conv(a, w, bias, args, tap), inputs)
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        torch.nn.Conv2d(6, 6, 3, stride=2, padding=1, groups=6),  # a smaller map: no pixel reads itself
+        torch.nn.Conv2d(6, 6, 3, padding=1, groups=3),  # not depthwise
+        torch.nn.Conv2d(6, 6, 2, padding=1, groups=6),  # no centre tap
+        torch.nn.Conv2d(6, 6, 3, padding=2, groups=6),  # the centre tap reads another pixel
+    ],
+    ids=["strided", "grouped", "even", "off-centre"],
+)
+def test_residual_of_other_convolutions_is_the_plain_sum(conv):
+    assert _kernels._identity_tap(conv.weight, _kernels._conv_args(conv)) is None
+    x = torch.randn(1, 6, 8, 8)
+    if conv.stride == (1, 1) and conv(x).shape == x.shape:
+        torch.testing.assert_close(_kernels.residual_dwconv(conv, x), x + conv(x), rtol=0, atol=0)
+
+
 def test_unfold_fold_equal_identity_kernel_convs():
     torch.manual_seed(0)
     B, C, h, w = 2, 5, 4, 6
