@@ -1,10 +1,10 @@
 """One switch for every speed path of the backbones (timm's ``set_fused_attn`` idea, for all of them at once).
 
-With fast paths on (the default) the backbones take the kernels that measure faster or leaner on the
-machine they run on: oneDNN-GEMM attention on AVX-512 CPUs, row chunks of the widest activations, the
-recomputing STViT MLP and HAT-Net inverted residual, NCHW dense convolutions on AVX2 CPUs, and whatever is
-added later (``Limits`` holds the per-CPU defaults). With them off, every module computes the plain
-formulation of the paper instead. Both compute the same values and gradients
+With fast paths on (the default) the backbones take the kernels that measure faster or leaner on the machine they
+run on: oneDNN-GEMM attention on AVX-512 CPUs, row chunks of the widest activations, the recomputing STViT MLP and
+HAT-Net inverted residual, STViT's residual depthwise convolutions as one convolution, NCHW dense convolutions on
+AVX2 CPUs, and whatever is added later (``Limits`` holds the per-CPU defaults). With them off, every module
+computes the plain formulation of the paper instead. Both compute the same values and gradients
 (``tests/test_fast_kernels_match_plain.py``, ``tests/test_golden.py``); the plain path is the one to read, to
 export and to count FLOPs on.
 
