@@ -42,7 +42,8 @@ PYEOF
 )
 
 # mmcv 2.1.0 with its compiled ops. No binary wheel exists for this torch, so build one from the sdist
-# (tools/build_mmcv.py: C++20, no debug information, a precompiled torch header, progress on the console).
+# (tools/build_mmcv.py: C++20, no debug information, a precompiled torch header, units compiled together,
+# progress on the console).
 if "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
         && command -v nvcc >/dev/null; then
     FLAVOUR="cuda$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda)')"
