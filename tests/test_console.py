@@ -1,7 +1,6 @@
 """What a normal run prints: the metric tables, the model summary and where the outputs went; no Python warning
 (the session's training runs of tests/conftest.py already run with warnings as errors), no library chatter."""
 
-import ctypes
 import json
 import logging
 import os
@@ -92,38 +91,6 @@ def test_the_demo_runs_each_step_in_its_process_and_names_a_failing_one(tmp_path
         demo.run("tools/plot_curves.py", [str(tmp_path)])  # neither --out nor --train-time: a usage error
     assert "give --out" in capsys.readouterr().err
     assert sys.argv == argv
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
-    ]
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
-def test_the_demo_serves_step_sized_blocks_from_the_heap():
-    # a block of the size of the segmentation demo's loss maps (40 MB) is a fresh mmap by default and comes from
-    # the heap after keep_freed_memory(); in a forked child, whose malloc settings end with it. The block is made
-    # larger than all the free memory of the heap (fordblks), which a long test process may hold: a free chunk
-    # that fits would serve it from the heap with either setting.
-    demo, libc = load_tool("demo"), ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _Mallinfo2
-    size = max(40 << 20, libc.mallinfo2().fordblks + (8 << 20))
-    if size >= 256 << 20:
-        pytest.skip(f"the heap of this process holds {size >> 20} MiB free: no block under 256 MiB shows the setting")
-    pid = os.fork()
-    if pid == 0:
-        mapped = []
-        for keep in (False, True):
-            if keep:
-                demo.keep_freed_memory()
-            before = libc.mallinfo2().hblks
-            block = bytearray(size)
-            mapped.append(libc.mallinfo2().hblks - before)
-            del block
-        os._exit(0 if mapped == [1, 0] else 1)
-    assert os.waitpid(pid, 0)[1] == 0
 
 
 def test_prediction_overlays_draw_boxes_at_the_image_border_without_warnings(tmp_path):

@@ -14,6 +14,7 @@ import mmengine
 import numpy as np
 import pytest
 import torch
+from mmseg import datasets as mmseg_datasets
 from PIL import Image
 from torchvision.ops import box_iou
 
@@ -199,10 +200,14 @@ def test_mmseg_confusion_matrix_on_seg_dump(seg_dump, seg_run, tmp_path):
     assert mmcv.imread(str(tmp_path / "confusion_matrix.png")).shape[0] > 100
     matrix = np.load(tmp_path / "confusion_matrix.npy")
     n = matrix.shape[0]
-    # counted here from the PNGs: ADE20K's labels reduced once (0 unlabelled, ignored; c -> c - 1)
+    # counted here from the PNGs: ADE20K's labels reduced once (0 unlabelled, ignored; c -> c - 1), then mapped to the
+    # config's classes (a subset of ADE20K's, in their order)
+    ade20k = mmseg_datasets.ADE20KDataset.METAINFO["classes"]
+    to_class = np.full(256, -1)
+    to_class[[ade20k.index(name) + 1 for name in ds.metainfo["classes"]]] = np.arange(len(ds.metainfo["classes"]))
     expected = np.zeros((n, n))
     for s in stems:
-        gt = np.array(Image.open(ann_dir / f"{s}.png")).astype(np.int64).ravel() - 1
+        gt = to_class[np.array(Image.open(ann_dir / f"{s}.png")).astype(np.int64).ravel()]
         pred = np.array(Image.open(pred_dir / f"{s}.png")).astype(np.int64).ravel()
         assert pred.max() < n
         expected += np.bincount(n * gt[gt >= 0] + pred[gt >= 0], minlength=n * n).reshape(n, n)

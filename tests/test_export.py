@@ -11,6 +11,7 @@ import os.path as osp
 import pytest
 import torch
 import torch.nn as nn
+from mmengine.config import Config
 
 from backbones import CheckpointError, HATNet, STViT, load_pretrained
 from backbones.export import ExportError, read_export, tensor_sha256, verify_export
@@ -256,7 +257,9 @@ def test_export_model_loads_in_mmseg_init_model_and_predicts_the_same(seg_run, t
     export_model_tool.main([ckpt, "--out", out, "--config", config])
     module, datamodule = _lightning_module(config, ckpt)
     segmentor = init_model(config, out, device="cpu")
-    assert len(segmentor.dataset_meta["classes"]) == 150 and len(segmentor.dataset_meta["palette"]) == 150
+    classes = tuple(Config.fromfile(config).test_dataloader.dataset.metainfo["classes"])  # the tiny set's 5
+    meta = segmentor.dataset_meta
+    assert tuple(meta["classes"]) == classes and len(meta["palette"]) == len(classes)
     batch = next(iter(datamodule.val_dataloader()))
     with torch.no_grad():
         got, expected = segmentor.test_step(batch), module._predict(batch)

@@ -14,7 +14,6 @@ mm packages again (seconds of CPU each: docs/performance.md). Relative paths are
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -30,21 +29,6 @@ RUNS = [  # (name, config, metric that the demo must reach, threshold)
 ]
 
 VAL_IMAGES = {"mask-rcnn": "val2017", "upernet": "images/validation"}  # where the attention maps' image comes from
-
-
-def keep_freed_memory() -> None:
-    """glibc's malloc (Linux): serve blocks below 256 MiB from the heap and keep up to 1 GiB of freed memory.
-
-    By default a block above 32 MiB is a fresh ``mmap``, unmapped on free and page-faulted in again by the next
-    step: the segmentation demo's loss maps (4 x 150 x 128 x 128 floats, 39 MB each) are several per step, and
-    its training step runs about 15 % faster with this (docs/performance.md). Elsewhere nothing changes.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    libc.mallopt(-3, 256 << 20)  # M_MMAP_THRESHOLD
-    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
 
 
 def run(script: str, args: list[str]) -> None:
@@ -64,7 +48,6 @@ def main(argv=None) -> int:
     parser.add_argument("--cfg-options", nargs="+", default=[], help="passed to both train and test")
     args = parser.parse_args(argv)
     os.chdir(ROOT)  # the relative paths below and in the configs are the repository's
-    keep_freed_memory()
     work, data = Path(args.work_dir), Path(args.data)
     if not (data / "tiny_coco").is_dir() or not (data / "tiny_ade20k").is_dir():
         run("tools/make_tiny_data.py", ["--out", str(data)])

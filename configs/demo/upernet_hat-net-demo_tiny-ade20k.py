@@ -5,6 +5,10 @@ _base_ = "mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py"
 custom_imports = dict(imports=["backbones"], allow_failed_imports=False)
 
 data_root = "data/tiny_ade20k/"
+# The tiny set's five ADE20K classes: mmseg maps their labels (0, 3, 8, 17, 119 after reduce_zero_label) to 0-4 and
+# keeps their ADE20K colours. Heads of 5 classes instead of 150 halve the training step on a CPU.
+metainfo = dict(classes=("wall", "floor", "windowpane", "plant", "ball"))
+num_classes = len(metainfo["classes"])
 crop_size = (128, 128)
 norm_cfg = dict(type="BN", requires_grad=True)  # SyncBN in the base: set trainer.sync_batchnorm under DDP
 
@@ -19,8 +23,8 @@ model = dict(
         drop_path_rate=0.0,
         init_cfg=None,
     ),
-    decode_head=dict(in_channels=[32, 64, 128, 256], channels=64, norm_cfg=norm_cfg),
-    auxiliary_head=dict(in_channels=128, channels=32, norm_cfg=norm_cfg),
+    decode_head=dict(in_channels=[32, 64, 128, 256], channels=64, num_classes=num_classes, norm_cfg=norm_cfg),
+    auxiliary_head=dict(in_channels=128, channels=32, num_classes=num_classes, norm_cfg=norm_cfg),
 )
 
 train_pipeline = [
@@ -61,10 +65,13 @@ train_dataloader = dict(
     num_workers=0,
     persistent_workers=False,
     sampler=dict(type="DefaultSampler", shuffle=True),
-    dataset=dict(data_root=data_root, pipeline=train_pipeline),
+    dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=train_pipeline),
 )
 val_dataloader = dict(
-    batch_size=1, num_workers=0, persistent_workers=False, dataset=dict(data_root=data_root, pipeline=test_pipeline)
+    batch_size=1,
+    num_workers=0,
+    persistent_workers=False,
+    dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline),
 )
 test_dataloader = val_dataloader
 # mIoU (with aAcc, mAcc), as mmseg's base config asks (docs/evaluation.md): computed by
