@@ -2,7 +2,8 @@
 # Creates .venv/ in the project root and installs the pinned stack (see setup.cfg).
 # Idempotent: a second run only checks a stamp and exits; the compiled mmcv wheel is kept in
 # $DENSE_VIT_CACHE (default ~/.cache/dense-vit) so that a fresh clone does not rebuild it.
-# The console gets one line per step; the mmcv build and the parallel installs write logs in the cache.
+# The console gets one line per step (and pip's errors); the mmcv build and the background install write logs
+# in the cache.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,14 +25,48 @@ fi
 
 # pip -qq: errors only (the package index's notes would fill the console); a failure still stops the script.
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -qq)
-step "creating $VENV: pip, then torch 2.14.1"
+step "creating $VENV with pip"
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 "${PIP[@]}" install --upgrade "pip>=24" "setuptools>=77,<82" wheel ninja
-# torch first: mmcv is compiled against it.
-"${PIP[@]}" install torch==2.14.1 torchvision==0.29.1
 
-# Everything else the project needs except mmcv (setup.cfg's requirements and test extras): installed in the
-# background while mmcv compiles, since the compile keeps the cores busy and the installs mostly wait on disk.
+PARTS="$(mktemp -d)"
+trap 'rm -rf "$PARTS"' EXIT
+
+# pip install REQS... by two pip processes, each installing half of what pip resolves for REQS: one pip uses one
+# core to unpack and byte-compile. Halves balanced by the wheels' unpacked bytes and Python files.
+install_in_halves() {
+    "${PIP[@]}" install --dry-run --report "$PARTS/report.json" "$@"
+    "$VENV/bin/python" - "$PARTS" <<'PYEOF'
+import json, sys, urllib.parse, urllib.request, zipfile
+from pathlib import Path
+parts = Path(sys.argv[1])
+def work(item):  # for the wheels on this disk; a download's size is not known in advance
+    url = item["download_info"]["url"]
+    if not url.startswith("file:"):
+        return 0
+    with zipfile.ZipFile(urllib.request.url2pathname(urllib.parse.urlparse(url).path)) as wheel:
+        entries = wheel.infolist()
+    return sum(e.file_size for e in entries) + 200_000 * sum(e.filename.endswith(".py") for e in entries)
+items = json.loads((parts / "report.json").read_text())["install"]
+halves, load = ([], []), [0, 0]
+for weight, pin in sorted(((work(i), f"{i['metadata']['name']}=={i['metadata']['version']}") for i in items), reverse=True):
+    k = load.index(min(load))
+    halves[k].append(pin)
+    load[k] += weight
+for k, pins in enumerate(halves):
+    (parts / f"half{k}.txt").write_text("".join(f"{pin}\n" for pin in pins))
+PYEOF
+    "${PIP[@]}" install --no-deps -r "$PARTS/half0.txt" & local first=$!
+    "${PIP[@]}" install --no-deps -r "$PARTS/half1.txt" || { wait "$first"; return 1; }
+    wait "$first"
+    "${PIP[@]}" install "$@"  # installs nothing: checks that the halves made the whole
+}
+
+# torch first (about 30 wheels, 2.7 GB with its CUDA libraries): mmcv is compiled against it.
+step "installing torch 2.14.1"
+install_in_halves torch==2.14.1 torchvision==0.29.1
+
+# Everything else the project needs except mmcv: setup.cfg's requirements and test extras.
 mapfile -t OTHERS < <("$VENV/bin/python" - "$ROOT/setup.cfg" <<'PYEOF'
 import configparser, sys
 cfg = configparser.ConfigParser()
@@ -53,12 +88,14 @@ else
 fi
 WHEEL_DIR="$CACHE/mmcv-2.1.0-torch2.14.1-$FLAVOUR"
 if ! ls "$WHEEL_DIR"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
+    # one pip in the background while mmcv compiles: the compile keeps both cores busy from the second minute on
     step "installing the other requirements in the background (log: $CACHE/pip-others.log)"
     "${PIP[@]}" install "${OTHERS[@]}" >"$CACHE/pip-others.log" 2>&1 &
     OTHERS_PID=$!
     step "building mmcv 2.1.0 ($FLAVOUR ops), once; the wheel is cached in $WHEEL_DIR (log: $CACHE/mmcv-build.log)"
-    BUILD="$(mktemp -d)"
-    trap 'rm -rf "$BUILD" "$WHEEL_DIR.tmp"' EXIT
+    BUILD="$PARTS/build"
+    mkdir -p "$BUILD"
+    trap 'rm -rf "$PARTS" "$WHEEL_DIR.tmp"' EXIT
     "${PIP[@]}" download --no-deps --no-binary :all: --no-build-isolation mmcv==2.1.0 -d "$BUILD"
     tar -xzf "$BUILD"/mmcv-2.1.0.tar.gz -C "$BUILD"
     mkdir -p "$WHEEL_DIR.tmp"
@@ -75,9 +112,10 @@ if ! ls "$WHEEL_DIR"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
         exit 1
     fi
 else
-    step "using the cached mmcv wheel in $WHEEL_DIR"
+    step "using the cached mmcv wheel in $WHEEL_DIR; installing the other requirements"
+    install_in_halves "${OTHERS[@]}"
 fi
-step "installing mmcv and the project with its requirements"
+step "installing mmcv and the project"
 "${PIP[@]}" install "$WHEEL_DIR"/mmcv-2.1.0-*.whl
 # The project itself, editable, with its pinned requirements and the test tools.
 "${PIP[@]}" install --no-build-isolation -e "$ROOT[test]"
