@@ -112,8 +112,9 @@ if ! ls "$WHEEL_DIR"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
         exit 1
     fi
 else
+    # one pip: most of these are small and pip's resolution is most of their time, so halves gain nothing here
     step "using the cached mmcv wheel in $WHEEL_DIR; installing the other requirements"
-    install_in_halves "${OTHERS[@]}"
+    "${PIP[@]}" install "${OTHERS[@]}"
 fi
 step "installing mmcv and the project"
 # mmcv's wheel and the project itself, editable, with its pinned requirements and the test tools (one resolution)
