@@ -21,15 +21,16 @@ What it changes against a plain ``pip wheel`` of the sdist, and why:
   not affected: they have flags of their own, and nvcc preprocesses with ``-E`` and no ``-fpch-preprocess``, which
   never reads a ``.gch``.
 - The C++ units compiled a few at a time ("unity" units: one ``.cpp`` that includes several). With the precompiled
-  header a unit of mmcv's takes 4-7 s however little it holds: most of it is loading the header and generating the
-  torch inline code that every unit uses, once per unit. The 56 dispatchers (``csrc/pytorch/*.cpp``) compile as one
-  unit and 19 of the 20 CPU kernels as two (``UNITY_GROUPS``: the kernels with helpers of the same names apart, the
-  one with ``min``/``max`` macros last): 58 s of compiler time where the 75 units took 360 s on 2 cores. ``pybind.cpp``
+  header a unit of mmcv's takes seconds however little it holds: most of it is loading the header and generating
+  the torch inline code that every unit uses, once per unit. The 56 dispatchers (``csrc/pytorch/*.cpp``) compile as
+  one unit and 19 of the 20 CPU kernels as two (``UNITY_GROUPS``: the kernels with helpers of the same names apart,
+  the one with ``min``/``max`` macros last), in a sixth of the compiler time the 75 units took one by one
+  (docs/benchmarks/setup-and-demo-2026-12-06.md). ``pybind.cpp``
   (the bindings, the longest unit) and nvcc's units compile on their own. A bundle's object takes the place of its
   first unit's and the others get an empty object, so that setuptools links the objects it expects. The ops give
-  the same results bit for bit (outputs and gradients); the kernels' machine code differs where GCC now inlines a
-  helper that two kernels share once instead of into each. If a bundle does not compile (another compiler, another
-  mmcv), the units are compiled one by one as before.
+  the same results bit for bit (outputs and gradients); the machine code differs where a helper that several
+  kernels use (``at::empty``, the rotated-box IoU) is now compiled once and called, not inlined into each. If a
+  bundle does not compile (another compiler, another mmcv), the units are compiled one by one as before.
 - The build's output goes to LOG; the console gets one progress line per step (units done of the total and
   the elapsed time), and this script exits non-zero when the build fails (setup_env.sh then shows LOG's tail).
 Stdlib only: it runs before the project is installed.
@@ -111,7 +112,8 @@ UNITY_GROUPS = {
     "cpu_kernels": ("cpu/*.cpp",),
     "cpu_rotated": ("cpu/roi_align_rotated.cpp", "cpu/rotated_feature_align.cpp"),
 }
-UNITY_APART = ("pybind.cpp", "cpu/roi_align.cpp")  # on their own: the bindings, the longest unit, run beside
+# On their own: pybind.cpp, the longest unit, compiles beside the bundles; cpu/roi_align.cpp clashes with both.
+UNITY_APART = ("pybind.cpp", "cpu/roi_align.cpp")
 UNITY_LAST = ("cpu/psamask.cpp",)
 _EDGE = re.compile(r"^build (\S+): compile (\S+)$")
 
