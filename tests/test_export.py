@@ -398,7 +398,7 @@ def test_config_text_in_a_checkpoint_is_never_executed(det_run, tmp_path):
 
 
 def test_the_export_tools_print_the_metrics_without_the_per_class_results(seg_run, tmp_path, capsys):
-    # the meta keeps every class's IoU and Acc (150 ADE20K classes); the summary printed a line of thousands
+    # the meta keeps every class's IoU and Acc (on ADE20K, 150 classes); the summary printed a line of thousands
     # of characters with them
     capsys.readouterr()
     export_backbone_tool.main([seg_run.ckpt, "--out", str(tmp_path / "bb.pth")])
