@@ -18,8 +18,8 @@ build_mmcv = load_tool("build_mmcv")
 CXX = shutil.which("c++")
 pytestmark = pytest.mark.skipif(CXX is None or shutil.which("ninja") is None, reason="needs a C++ compiler and ninja")
 
-# Each source defines a function of its own, returning its index. The three roi_align kernels define a struct of
-# the same name (as mmcv's do), psamask a min macro that breaks std::min in what follows it.
+# Each source defines a function of its own, returning its index. roi_align and roi_align_rotated define a struct
+# of the same name (as mmcv's do), psamask a min macro that breaks std::min in what follows it.
 PRECALC = "template <typename T> struct PreCalc { T w; };\n"
 SOURCES = {
     "nms.cpp": "",
@@ -53,9 +53,7 @@ def make_tree(tmp_path, extra=None):
         "ninja_required_version = 1.3\ncxx = c++\n\ncflags = -O1 -fPIC -c\npost_cflags = -std=c++17\n\n"
         "rule compile\n  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out $post_cflags\n"
         "  depfile = $out.d\n  deps = gcc\n\n" + "\n".join(edges) + "\n"
-    )
-    for rel in edges:
-        Path(rel.split(" ")[1].rstrip(":")).parent.mkdir(parents=True, exist_ok=True)
+    )  # ninja makes the objects' folders
     return src, build_dir
 
 
