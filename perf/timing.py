@@ -87,7 +87,7 @@ def time_models(models: dict, x, mode: str, precision: str, warmup: int, repeat:
 def throughput(model, x, warmup: int, repeat: int, precision: str = "fp32") -> float:
     """Images per second of inference as the STViT paper's ``throughput()`` measures it: eval mode, no_grad,
     ``warmup`` iterations, then ``repeat`` iterations timed together (one wait for the GPU at the end)."""
-    step = make_step(model.eval(), x, "infer", precision)
+    step = make_step(model, x, "infer", precision)  # eval mode: mmdet's Swin-T's train() returns None
     for _ in range(warmup):
         step()
     seconds = timed_call(lambda: [step() for _ in range(repeat)], x.device)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from perf.models import NAMES, PlainPath, build, swin_t
+from perf.timing import throughput, time_models
 
 
 @pytest.mark.parametrize("shrunk", [True, False])
@@ -26,6 +27,15 @@ def test_swin_t_is_the_same_architecture_from_mmdet_and_torchvision(shrunk):
         shapes = [[tuple(o.shape) for o in m(x)] for m in (mm, tv)]
     assert shapes[0] == shapes[1] and len(shapes[0]) == 4
     assert shapes[0][0] == (1, 32 if shrunk else 96, 16, 24)  # NCHW at stride 4
+
+
+def test_timing_helpers_take_mmdets_swin_t_whose_train_returns_none():
+    # the GPU report's throughput rows with mmdet installed: nothing may chain model.eval() / model.train()
+    pytest.importorskip("mmdet")
+    model, x = swin_t(shrunk=True, source="mmdet"), torch.randn(1, 3, 64, 64)
+    assert throughput(model, x, warmup=0, repeat=1) > 0 and not model.training
+    (seconds,) = time_models({"swin": model}, x, "train", "fp32", warmup=0, repeat=1).values()
+    assert seconds > 0 and model.training
 
 
 def test_mmdet_swin_t_leaves_the_default_scope_as_it_was():
