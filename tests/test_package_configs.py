@@ -5,6 +5,7 @@ import os.path as osp
 
 import mmdet
 from mmengine.config import Config
+from mmengine.config import config as config_module
 from mmengine.config import utils as config_utils
 
 from tasks import package_configs
@@ -20,16 +21,20 @@ def _load(path):
 
 def test_configs_resolve_as_with_mmengines_own_lookup(monkeypatch):
     assert config_utils._get_cfg_metainfo is package_configs._cfg_metainfo  # installed by `import tasks`
+    assert config_module.is_installed is package_configs.is_installed
     kept = [_load(p) for p in CONFIGS]
     monkeypatch.setattr(config_utils, "_get_cfg_metainfo", package_configs.MMENGINE_CFG_METAINFO)
+    monkeypatch.setattr(config_module, "is_installed", package_configs.MMENGINE_IS_INSTALLED)
     assert [_load(p) for p in CONFIGS] == kept
 
 
 def test_each_package_index_is_read_once():
     package_configs.model_index.cache_clear()
+    package_configs.is_installed.cache_clear()
     for _ in range(2):
         _load(DET_CFG)
     assert package_configs.model_index.cache_info().misses == 1  # mmdet's, then kept
+    assert package_configs.is_installed.cache_info().misses == 1  # asked once for mmdet
     index = package_configs.model_index(osp.dirname(mmdet.__file__))
     entry = index["mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py"]  # what mmengine's metafile loop keys it by
     assert entry["Config"] == "configs/mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py"
