@@ -6,11 +6,19 @@ from .report import table as md_table
 from .whole_model import TRAIN_BATCH
 
 
-def _cell(v, fmt: str) -> str:
-    """A table cell: a median with its (min-max) spread, a number, or the reason there is none."""
+def _cell(v, fmt: str, column: str, notes: list[str]) -> str:
+    """A table cell: a median with its (min-max) spread, a number, or why there is none. A reason's details
+    ("no test data (the path ... does not exist ...)") go to ``notes`` under the ``column``'s name, each once
+    (both models usually share one), so that the cell stays short."""
     if isinstance(v, dict):
         return f"{fmt.format(v['median'])} ({fmt.format(v['min'])}-{fmt.format(v['max'])})"
-    return "n/a" if v is None else v if isinstance(v, str) else fmt.format(v)
+    if isinstance(v, str):
+        short, _, details = v.partition(" (")
+        note = f"{column}: {short}: {details[:-1]}"
+        if details and note not in notes:
+            notes.append(note)
+        return short
+    return "n/a" if v is None else fmt.format(v)
 
 
 def _ratio(a, b) -> str:
@@ -24,7 +32,11 @@ def table(rows: list[dict]) -> str:
     ours faster / smaller)."""
     header = ["model", "params (M)", "infer img/s", "infer + loading img/s", "train step s", "peak GiB"]
     fmts = dict(infer="{:.2f}", infer_loaded="{:.2f}", train="{:.3f}", peak_gib="{:.2f}")
-    lines = [[r["model"], f"{r['params_m']:.1f}", *(_cell(r[k], f) for k, f in fmts.items())] for r in rows]
+    notes: list[str] = []
+    lines = [
+        [r["model"], f"{r['params_m']:.1f}", *(_cell(r[k], f, c, notes) for (k, f), c in zip(fmts.items(), header[2:]))]
+        for r in rows
+    ]
     if len(rows) == 2:
         ours, base = rows
         lines.append([f"ours / {base['model']}", *(_ratio(ours[k], base[k]) for k in ("params_m", *fmts))])
@@ -36,4 +48,4 @@ def table(rows: list[dict]) -> str:
     elif kept:  # fewer boxes than max_per_img survived NMS in some model: the work differs, so say so
         title += ", detections per image: " + ", ".join(f"{name} {n}" for name, n in kept.items())
     title += f", median (min-max) of {r['rounds']} rounds"
-    return title + "\n\n" + md_table(header, lines)
+    return title + "\n\n" + md_table(header, lines) + "".join(f"\n\n{note}" for note in notes)
