@@ -11,10 +11,12 @@ the noise of a shared machine hits both alike; the median and the spread (min-ma
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
 import json
+import logging
 import statistics
 import sys
 from pathlib import Path
@@ -140,6 +142,21 @@ class Subject:
         self._images = (batch for _ in itertools.count() for batch in self.loader)
 
 
+@contextlib.contextmanager
+def _no_build_notes():
+    """Building a task logs, at INFO, what it makes of the config for training (which evaluator serves
+    ``val_evaluator``, ...): one line per model built here, none of it about speed. Warnings still print."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch.utilities.rank_zero", "tasks")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def build_subject(name: str, config: str, size, device: str, cfg_options=None, data_from=None) -> Subject:
     """The config's model (random weights, seeded; a detector keeping ``max_per_img`` boxes), its optimizer from
     ``optim_wrapper`` as training builds it, a ready batch of one image of ``size``, a training batch of
@@ -173,7 +190,8 @@ def build_subject(name: str, config: str, size, device: str, cfg_options=None, d
     cfg.test_dataloader.batch_size = 1
     cfg.test_dataloader.num_workers = 0
     torch.manual_seed(0)
-    module, data = build_task(cfg, init_weights=False)
+    with _no_build_notes():
+        module, data = build_task(cfg, init_weights=False)
     model = module.model.to(device)
     optimizer = build_optimizer(model, cfg.optim_wrapper)
     inputs, samples = fake_batch(model, cfg.default_scope, tuple(size))

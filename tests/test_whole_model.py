@@ -3,6 +3,7 @@ configs at a small input with one round. Peak memory (a child process per model 
 without a baseline: the Swin-T Mask R-CNN's child alone took longer than the rest of the test."""
 
 import json
+import logging
 import os
 
 import pytest
@@ -23,12 +24,28 @@ def test_baselines_and_default_sizes():
     assert keep_max_detections(seg) is None and "rcnn" not in (seg.model.get("test_cfg") or {})
 
 
+class _Recorder(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @pytest.mark.slow
 def test_whole_model_against_swin_t(data_opts, tmp_path, capsys):
     out = tmp_path / "rows.json"
     argv = ["--config", DET_CFG, "--size", "64x64", "--warmup", "0", "--repeat", "1", "--json", str(out)]
-    load_tool("benchmark").main([*argv, "--no-memory", "--cfg-options", *data_opts("tiny_coco")])
+    lines_logged = _Recorder()
+    logging.getLogger("lightning.pytorch").addHandler(lines_logged)  # where Lightning's INFO lines go
+    try:
+        load_tool("benchmark").main([*argv, "--no-memory", "--cfg-options", *data_opts("tiny_coco")])
+    finally:
+        logging.getLogger("lightning.pytorch").removeHandler(lines_logged)
     text = capsys.readouterr().out
+    # building the two models says nothing of their training (which evaluator serves the config, ...)
+    assert not [m for m in lines_logged.messages if m.startswith("evaluation (")], lines_logged.messages
     ours, swin = json.loads(out.read_text())
     assert (ours["model"], swin["model"]) == ("ours", "Swin-T") and swin["params_m"] > 40 > ours["params_m"]
     for row in (ours, swin):
