@@ -14,7 +14,7 @@ from backbones.families import get
 from .flops import count_gmacs
 from .memory import peak_memory_gib
 from .models import BASELINES, Setting, model_and_input, model_for
-from .timing import compiled, time_models
+from .timing import compiled, time_models, time_phases
 
 # The speed table's rows: (family, super-token sizes: None = the preset's, "dense" = the dense-prediction ones).
 TABLE_CONFIGS = (("stvit", None), ("stvit", "dense"), ("hatnet", None))
@@ -39,7 +39,9 @@ def runnable(models: dict, x, failed: dict, size) -> dict:
 
 def run(s: Setting, compare: bool = False, memory: bool = True) -> list[dict]:
     """One row per model (ours, and with ``compare`` every one of ``BASELINES``): params, GMACs, median
-    seconds, peak GiB (NaN without ``memory``) and the speed-ups against the baselines."""
+    seconds, in train mode also of the forward and the backward timed apart (``forward_seconds``,
+    ``backward_seconds``; None in inference), peak GiB (NaN without ``memory``) and the speed-ups against the
+    baselines, with Swin-T timed also of the backward alone (``backward_speedup_vs_swin-t``)."""
     h, w = s.size
     ours, x = model_and_input("ours", s)
     models = {"ours": ours, **{name: model_for(name, s) for name in (BASELINES if compare else ())}}
@@ -51,7 +53,11 @@ def run(s: Setting, compare: bool = False, memory: bool = True) -> list[dict]:
     timed = dict(models)
     if s.compile:  # the eager model is timed too, round-robin with the compiled one
         timed["ours"], timed["eager"] = compiled(models["ours"], x, s.mode, s.precision)[0], models["ours"]
-    times = time_models(timed, x, s.mode, s.precision, s.warmup, s.repeat)
+    if s.mode == "train":
+        phases = time_phases(timed, x, s.precision, s.warmup, s.repeat)
+        times = {k: p["step"] for k, p in phases.items()}
+    else:
+        phases, times = {}, time_models(timed, x, s.mode, s.precision, s.warmup, s.repeat)
     if s.compile:
         print(
             f"note: compiled {times['ours']:.3f} s/iter, eager {times['eager']:.3f} s/iter: "
@@ -71,6 +77,8 @@ def run(s: Setting, compare: bool = False, memory: bool = True) -> list[dict]:
             params_m=sum(p.numel() for p in model.parameters()) / 1e6,
             gmacs=count_gmacs(model, x[:1]),
             seconds=times[name],
+            forward_seconds=phases.get(name, {}).get("forward"),
+            backward_seconds=phases.get(name, {}).get("backward"),
         )
         for name, model in models.items()
     ]
@@ -80,6 +88,8 @@ def run(s: Setting, compare: bool = False, memory: bool = True) -> list[dict]:
         for base in BASELINES:
             key = "speedup_vs_reference" if base == "reference" else f"speedup_vs_{base}"
             row[key] = (times[base] / times[row["model"]]) if base in times else None
+        if "swin-t" in phases:  # the backward alone against Swin-T's, where the steps differ most
+            row["backward_speedup_vs_swin-t"] = phases["swin-t"]["backward"] / phases[row["model"]]["backward"]
     return rows
 
 

@@ -18,7 +18,9 @@ def make_step(model, x, mode: str, precision: str):
     outputs' means. bf16 / fp16 run under autocast; fp16 training scales the loss with a GradScaler and
     unscales the gradients (its inf/NaN check), as Lightning's ``16-mixed`` does before an optimizer step.
     The call does not wait for CUDA kernels: time it with ``timed_call``. ``step.scaler`` is the GradScaler
-    (None without one)."""
+    (None without one). In train mode ``step.forward`` (the model and the loss, building the graph) and
+    ``step.backward`` (the gradients of that loss) are the two halves of ``step``, to be called in turn and
+    timed apart (``time_phases``); both are None in inference."""
     dtype = AMP_DTYPES.get(precision)
     autocast = torch.autocast(x.device.type, dtype=dtype) if dtype else nullcontext()
     model.train(mode == "train")
@@ -26,24 +28,35 @@ def make_step(model, x, mode: str, precision: str):
     if precision == "fp16" and mode == "train":
         scaler = torch.amp.GradScaler(x.device.type)
         holder = torch.optim.SGD(model.parameters(), lr=0.0)  # unscale_ reads its param groups; never stepped
+    pending = []  # the outputs and their loss between forward() and backward(), freed after backward as in a step
+
+    def forward():
+        model.zero_grad(set_to_none=True)
+        with autocast:
+            outs = model(x)
+        pending.append((outs, sum(o.float().mean() for o in outs)))
+
+    def backward():
+        if not pending:
+            raise RuntimeError("step.backward() called without a step.forward() before it")
+        outs, loss = pending.pop()
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(holder)
+            scaler.update()
 
     def step():
         if mode == "train":
-            model.zero_grad(set_to_none=True)
-            with autocast:
-                outs = model(x)
-            loss = sum(o.float().mean() for o in outs)
-            if scaler is None:
-                loss.backward()
-            else:
-                scaler.scale(loss).backward()
-                scaler.unscale_(holder)
-                scaler.update()
+            forward()
+            backward()
         else:
             with torch.no_grad(), autocast:
                 model(x)
 
     step.scaler = scaler
+    step.forward, step.backward = (forward, backward) if mode == "train" else (None, None)
     return step
 
 
@@ -82,6 +95,30 @@ def time_models(models: dict, x, mode: str, precision: str, warmup: int, repeat:
         for k, step in steps.items():
             times[k].append(timed_call(step, x.device))
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def time_phases(models: dict, x, precision: str, warmup: int, repeat: int) -> dict:
+    """{name: {"step", "forward", "backward": median seconds}} of every model's training step on input ``x``
+    and of its two halves (``make_step``'s ``forward`` and ``backward``), each half timed on its own in every
+    round, round-robin as ``time_models``; ``step`` is the median of the rounds' sums. On a GPU each half waits
+    for its kernels, so nothing of one overlaps the other."""
+    steps = {k: make_step(m, x, "train", precision) for k, m in models.items()}
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times = {k: ([], []) for k in steps}
+    for _ in range(repeat):
+        for k, step in steps.items():
+            times[k][0].append(timed_call(step.forward, x.device))
+            times[k][1].append(timed_call(step.backward, x.device))
+    return {
+        k: dict(
+            step=statistics.median(f + b for f, b in zip(fwd, bwd)),
+            forward=statistics.median(fwd),
+            backward=statistics.median(bwd),
+        )
+        for k, (fwd, bwd) in times.items()
+    }
 
 
 def throughput(model, x, warmup: int, repeat: int, precision: str = "fp32") -> float:

@@ -51,6 +51,12 @@ def test_compare_times_every_baseline_and_counts_the_model_math():
     assert ours["gmacs"] > 4.31 * (256 / 224) ** 2 * 0.9  # at least the 224x224 backbone count, scaled
     assert all(r["seconds"] > 0 for r in rows.values())
     assert ours["speedup_vs_reference"] == pytest.approx(ref["seconds"] / ours["seconds"])
+    # train mode: the forward and the backward timed apart, the backward also against Swin-T's alone
+    assert all(
+        0 < r["forward_seconds"] < r["seconds"] and 0 < r["backward_seconds"] < r["seconds"] for r in rows.values()
+    )
+    swin = rows["swin-t"]
+    assert ours["backward_speedup_vs_swin-t"] == pytest.approx(swin["backward_seconds"] / ours["backward_seconds"])
     assert rows["swin-t"]["params_m"] == pytest.approx(27.5, abs=0.5)  # mmdet's Swin-T backbone
     # counting switched the CPU-only kernels off only while counting
     assert backbones.fast_paths_enabled()
@@ -134,3 +140,6 @@ def test_command_line_prints_the_rows_and_writes_them_as_json(tmp_path, capsys):
     assert row["peak_gib"] is None  # --no-memory: NaN, written as JSON's null
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].split()[:3] == ["model", "arch", "size"] and printed[1].split()[0] == "ours"
+    # the step's halves printed beside it (train mode), as written to the JSON
+    columns = dict(zip(printed[0].replace("fwd s", "fwd_s").replace("bwd s", "bwd_s").split(), printed[1].split()))
+    assert (columns["fwd_s"], columns["bwd_s"]) == (f"{row['forward_seconds']:.2f}", f"{row['backward_seconds']:.2f}")

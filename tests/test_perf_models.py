@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from perf.models import NAMES, PlainPath, build, swin_t
-from perf.timing import throughput, time_models
+from perf.timing import make_step, throughput, time_models, time_phases
 
 
 @pytest.mark.parametrize("shrunk", [True, False])
@@ -36,6 +36,20 @@ def test_timing_helpers_take_mmdets_swin_t_whose_train_returns_none():
     assert throughput(model, x, warmup=0, repeat=1) > 0 and not model.training
     (seconds,) = time_models({"swin": model}, x, "train", "fp32", warmup=0, repeat=1).values()
     assert seconds > 0 and model.training
+
+
+def test_a_training_step_times_its_forward_and_backward_apart():
+    model, x = build("ours", "hatnet", "shrunk"), torch.randn(1, 3, 64, 64)
+    step = make_step(model, x, "train", "fp32")
+    step.forward()  # the model and its loss: a graph, no gradient yet
+    assert all(p.grad is None for p in model.parameters())
+    step.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    with pytest.raises(RuntimeError, match="without a step.forward"):
+        step.backward()  # the loss went with the first backward
+    assert make_step(model, x, "infer", "fp32").backward is None
+    (phases,) = time_phases({"ours": model}, x, "fp32", warmup=0, repeat=2).values()
+    assert 0 < phases["forward"] < phases["step"] and 0 < phases["backward"] < phases["step"]
 
 
 def test_mmdet_swin_t_leaves_the_default_scope_as_it_was():
