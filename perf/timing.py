@@ -83,41 +83,44 @@ def repeated(step, device, warmup: int, repeat: int) -> list[float]:
     return [timed_call(step, device) for _ in range(repeat)]
 
 
-def time_models(models: dict, x, mode: str, precision: str, warmup: int, repeat: int) -> dict:
-    """{name: median seconds per iteration} of every model on input ``x``, timed round-robin (each round times
-    every model once) so that the machine's noise hits every model alike."""
-    steps = {k: make_step(m, x, mode, precision) for k, m in models.items()}
+def _round_robin(calls: dict, device, warmup: int, repeat: int) -> dict:
+    """{name: [(seconds of each call) per round]}: each name's calls (callables run in turn, e.g. a step's
+    forward and backward) timed one by one, round-robin over the names (each round times every name once) after
+    ``warmup`` untimed rounds, so that the machine's noise hits every model alike."""
     for _ in range(warmup):
-        for step in steps.values():
-            step()
-    times = {k: [] for k in steps}
+        for parts in calls.values():
+            for call in parts:
+                call()
+    times = {k: [] for k in calls}
     for _ in range(repeat):
-        for k, step in steps.items():
-            times[k].append(timed_call(step, x.device))
-    return {k: statistics.median(v) for k, v in times.items()}
+        for k, parts in calls.items():
+            times[k].append(tuple(timed_call(call, device) for call in parts))
+    return times
+
+
+def time_models(models: dict, x, mode: str, precision: str, warmup: int, repeat: int) -> dict:
+    """{name: median seconds per iteration} of every model on input ``x``, timed round-robin."""
+    steps = {k: (make_step(m, x, mode, precision),) for k, m in models.items()}
+    return {
+        k: statistics.median(t for (t,) in rounds)
+        for k, rounds in _round_robin(steps, x.device, warmup, repeat).items()
+    }
 
 
 def time_phases(models: dict, x, precision: str, warmup: int, repeat: int) -> dict:
     """{name: {"step", "forward", "backward": median seconds}} of every model's training step on input ``x``
     and of its two halves (``make_step``'s ``forward`` and ``backward``), each half timed on its own in every
-    round, round-robin as ``time_models``; ``step`` is the median of the rounds' sums. On a GPU each half waits
-    for its kernels, so nothing of one overlaps the other."""
+    round, round-robin; ``step`` is the median of the rounds' sums. On a GPU each half waits for its kernels,
+    so nothing of one overlaps the other."""
     steps = {k: make_step(m, x, "train", precision) for k, m in models.items()}
-    for _ in range(warmup):
-        for step in steps.values():
-            step()
-    times = {k: ([], []) for k in steps}
-    for _ in range(repeat):
-        for k, step in steps.items():
-            times[k][0].append(timed_call(step.forward, x.device))
-            times[k][1].append(timed_call(step.backward, x.device))
+    times = _round_robin({k: (s.forward, s.backward) for k, s in steps.items()}, x.device, warmup, repeat)
     return {
         k: dict(
-            step=statistics.median(f + b for f, b in zip(fwd, bwd)),
-            forward=statistics.median(fwd),
-            backward=statistics.median(bwd),
+            step=statistics.median(f + b for f, b in rounds),
+            forward=statistics.median(f for f, _ in rounds),
+            backward=statistics.median(b for _, b in rounds),
         )
-        for k, (fwd, bwd) in times.items()
+        for k, rounds in times.items()
     }
 
 
