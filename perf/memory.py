@@ -31,6 +31,15 @@ def rss_gib() -> float:
     return kib / 2**20 if kib is not None else peak_rss_gib()
 
 
+def anon_rss_gib() -> float:
+    """This process's resident anonymous memory (GiB: what it allocated, without the pages of its libraries'
+    files); its whole RSS where that cannot be read. A growth measured in it is the growth of the process's data:
+    the file pages mapped in as new code runs for the first time vary with the page cache (tens of MiB more
+    in a new virtual environment, whose files were just written) and say nothing of what a loop keeps."""
+    kib = _status_kib("RssAnon")
+    return kib / 2**20 if kib is not None else rss_gib()
+
+
 def peak_memory_gib(name: str, setting) -> float:
     """Peak memory (GiB) of iterations of one model of ``perf.models.build`` (weights, gradients and
     activations): on CUDA ``max_memory_allocated`` of one iteration in this process; on CPU the peak RSS of
