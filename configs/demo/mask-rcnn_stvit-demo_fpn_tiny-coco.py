@@ -59,7 +59,8 @@ val_dataloader = dict(
 test_dataloader = val_dataloader
 # COCO box and mask mAP, as mmdet's base config asks (docs/evaluation.md): computed by tasks/evaluation/coco.py,
 # equal to mmdet's CocoMetric, logged as bbox_mAP, segm_mAP... Without ann_file, the ground truth is the split's
-# own annotation file. Options ours does not compute (classwise=True, proposal_nums...) run mmdet's CocoMetric.
+# own annotation file. Options ours does not compute (classwise=True, proposal_nums...) run mmdet's CocoMetric,
+# logged under the same names (no coco/ prefix), so the monitor below stays valid.
 val_evaluator = dict(_delete_=True, type="CocoMetric", metric=["bbox", "segm"], format_only=False)
 test_evaluator = val_evaluator
 

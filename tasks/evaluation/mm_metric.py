@@ -6,6 +6,10 @@ Under DDP, mmengine's ``BaseMetric.evaluate`` gathers every rank's results on ra
 (the process group Lightning's strategy created), computes there and broadcasts the metrics to every rank. It
 interleaves the ranks' results and keeps the first ``size``: the project's eval sampler gives every image to
 exactly one rank without padding, so with ``size`` the length of the split each image counts once.
+
+A metric has one name and one unit whichever evaluator computes it (``project_names``): mmdet's ``CocoMetric``
+without a ``prefix`` of the config's logs ``bbox_mAP``, not its default ``coco/bbox_mAP``, and mmseg's
+``IoUMetric`` logs fractions, not percentages, as our evaluators do. A monitor then works with either.
 """
 
 from __future__ import annotations
@@ -32,9 +36,9 @@ def metrics_registry(scope: str):
 class MMEvaluator:
     """mm's metric classes built from configs, with ``update`` / ``compute`` / ``reset`` like our evaluators.
 
-    ``compute()`` returns the metrics as mm's classes name them (mmdet's ``coco/bbox_mAP``, mmseg's ``mIoU``,
-    ``mDice`` in percent...), numeric values as floats; values that are not numbers are left out (and named in
-    the log).
+    ``compute()`` returns the metrics under the project's names (``project_names``: mmdet's ``bbox_mAP``,
+    ``coco/bbox_mAP`` only with ``prefix='coco'`` in the config; mmseg's ``mIoU``, ``mDice`` as fractions), numeric
+    values as floats; values that are not numbers are left out (and named in the log).
 
     Args:
         metrics: the metric configs (plain dicts with ``type``), built from ``scope``'s ``METRICS`` registry.
@@ -97,13 +101,18 @@ class MMEvaluator:
         """mm's ``Evaluator.evaluate(size)`` on every rank (it gathers the results on rank 0 and broadcasts the
         metrics); the per-rank results are cleared."""
         size = self.size if self.size is not None else sum(len(m.results) for m in self.evaluator.metrics)
-        result = self.evaluator.evaluate(size)
         metrics, dropped = {}, []
-        for name, value in result.items():
-            try:
-                metrics[name] = float(value)
-            except (TypeError, ValueError):
-                dropped.append(name)
+        # mmengine's Evaluator.evaluate, metric by metric: each one's names are made the project's
+        for cfg, metric in zip(self.configs, self.evaluator.metrics):
+            for name, value in project_names(metric.evaluate(size), cfg).items():
+                if name in metrics:
+                    raise ValueError(
+                        f"{self.key}: two metrics log {name!r}; give the metrics different prefixes (prefix='...')"
+                    )
+                try:
+                    metrics[name] = float(value)
+                except (TypeError, ValueError):
+                    dropped.append(name)
         if dropped:
             rank_zero_info(f"evaluation ({self.key}): not numbers, not logged: {', '.join(dropped)}")
         return metrics
@@ -132,14 +141,41 @@ def _refuse_proposal_fast(cfg: dict, key: str) -> None:
             )
 
 
+_PERCENT = ("aAcc", "mIoU", "mAcc", "mDice", "mFscore", "mPrecision", "mRecall")  # mmseg's IoUMetric, in %
+
+
+def _kind(cfg: dict) -> str:
+    return str(cfg["type"]).rpartition(".")[2]
+
+
+def project_names(result: dict, cfg: dict) -> dict:
+    """One mm metric's ``evaluate`` result under the project's names and units (docs/evaluation.md): mmdet's
+    ``CocoMetric`` without a ``prefix`` in ``cfg`` loses its default ``coco/`` prefix; mmseg's ``IoUMetric``
+    values become fractions (mmseg rounds percentages to 2 decimals: 4 decimals here). Other metrics are left
+    as they are.
+
+    Args:
+        result: the names and values the metric returned.
+        cfg: the metric's config (plain dict).
+    """
+    kind = _kind(cfg)
+    if kind == "CocoMetric" and not cfg.get("prefix"):
+        return {name.removeprefix("coco/"): value for name, value in result.items()}
+    if kind == "IoUMetric":
+        prefix = f"{cfg['prefix']}/" if cfg.get("prefix") else ""
+        percent = {prefix + n for n in _PERCENT}
+        return {n: round(float(v) / 100, 4) if n in percent else v for n, v in result.items()}
+    return result
+
+
 _AP_ITEMS = ("mAP", "mAP_50", "mAP_75", "mAP_s", "mAP_m", "mAP_l")
 _PROPOSAL_ITEMS = ("AR@100", "AR@300", "AR@1000", "AR_s@1000", "AR_m@1000", "AR_l@1000")
 
 
 def expected_names(metrics: Sequence[dict], scope: str) -> set[str] | None:
-    """The metric names mm's classes will return for ``metrics``, where they follow from the configs alone
-    (mmdet's ``CocoMetric``, mmseg's ``IoUMetric``); None when they do not. ``classwise`` adds the pattern
-    ``coco/*_precision`` (one name per class).
+    """The metric names ``MMEvaluator.compute`` will return for ``metrics`` (the project's, ``project_names``),
+    where they follow from the configs alone (mmdet's ``CocoMetric``, mmseg's ``IoUMetric``); None when they do
+    not. ``classwise`` adds the pattern ``*_precision`` (one name per class).
 
     Args:
         metrics: the metric configs.
@@ -147,12 +183,12 @@ def expected_names(metrics: Sequence[dict], scope: str) -> set[str] | None:
     """
     names: set[str] = set()
     for cfg in metrics:
-        kind = str(cfg["type"]).rpartition(".")[2]
+        kind = _kind(cfg)
         if cfg.get("format_only") and kind in ("CocoMetric", "IoUMetric"):
             continue  # writes the results, computes nothing
         prefix = f"{cfg['prefix']}/" if cfg.get("prefix") else ""
         if scope == "mmdet" and kind == "CocoMetric":
-            prefix = f"{cfg.get('prefix') or 'coco'}/"
+            prefix = f"{cfg['prefix']}/" if cfg.get("prefix") else ""
             asked = cfg.get("metric", "bbox")
             for metric in [asked] if isinstance(asked, str) else asked:
                 if metric == "proposal_fast":
