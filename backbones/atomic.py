@@ -75,9 +75,10 @@ def check_writable(path: str | os.PathLike, folder: bool = False) -> None:
         raise _cannot_write(path, e) from None
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], mode: str = "wb") -> None:
     """Call ``write(fileobj)`` on a temp file next to ``path``, fsync it, then rename it onto ``path``. A path
-    whose folder cannot be created or written raises an ``OutputError``."""
+    whose folder cannot be created or written raises an ``OutputError``. ``mode='w+b'``: ``write`` may also read
+    back what it wrote (to check it before it replaces ``path``)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(path)
@@ -88,7 +89,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     except OSError as e:
         raise _cannot_write(path, e) from None
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

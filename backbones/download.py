@@ -14,21 +14,34 @@ last:
 A download whose hash differs is deleted and refused with both hashes; a cached file is hashed again on every
 use (a corrupt one is downloaded anew). Without a hash the file is used as it is and its sha256 is logged, so it
 can be pinned.
+
+A download that fails on the way is tried again, up to ``ATTEMPTS`` times, ``BACKOFF_S`` seconds after the first
+failure and twice as long after each next one: a body shorter than its ``Content-Length`` (Python's
+``http.client`` returns it without an error when it is read in pieces: the length is counted here), a connection
+dropped or timed out mid-way, a refused connection, a reply other than 200 (4xx replies other than 408 and 429 at
+once, as asking again cannot change them). The last failure is refused with the bytes received and expected. Every
+attempt writes a temp file of its own that is removed when it fails, and a file that is not readable as the
+checkpoint container it claims to be (a torch zip archive without its central directory, a safetensors file
+shorter than its header says: ``unreadable``) never enters the cache; a cached one, left by an older version or
+cut by a full disk, is deleted and downloaded anew.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
+import json
 import logging
 import os
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
 import torch.hub
 
-from .atomic import atomic_write
+from .atomic import OutputError, atomic_write
 from .errors import CheckpointError
 
 logger = logging.getLogger("backbones")
@@ -36,6 +49,8 @@ logger = logging.getLogger("backbones")
 _FRAGMENT = re.compile(r"^sha256=([0-9a-fA-F]{64})$")
 _CHUNK = 1 << 20
 TIMEOUT_S = 60  # per network operation: a server that stops answering fails instead of hanging
+ATTEMPTS = 4  # downloads tried before a failure is reported
+BACKOFF_S = 2.0  # seconds before the second attempt, doubled before each next one (2, 4, 8: 14 s in all)
 
 
 def is_url(path) -> bool:
@@ -104,6 +119,77 @@ def _mismatch(url: str, path: str, digest: str, expected: str, origin: str) -> s
     )
 
 
+def unreadable(f) -> str | None:
+    """Why the checkpoint file ``f`` (opened for reading, binary) cannot be read, for a structure that tells it
+    without reading the tensors: a torch zip archive (``torch.save``) whose end of central directory is missing or
+    names data past the end (cut short), a safetensors header longer than the file. None: readable, or another
+    format (read as it is)."""
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(0)
+    head = f.read(8)
+    if head[:4] == b"PK\x03\x04":
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(f) as archive:
+                end = max((i.header_offset + i.compress_size for i in archive.infolist()), default=0)
+        except (zipfile.BadZipFile, OSError, ValueError) as e:
+            return f"not a complete torch zip archive ({e})"
+        return None if end <= size else f"its zip directory names {end} bytes, the file has {size}"
+    if len(head) == 8 and size > 8:
+        n = int.from_bytes(head, "little")
+        if 2 <= n < (1 << 27) and f.read(1) == b"{":  # a safetensors header: its length, then JSON
+            f.seek(8)
+            try:
+                header = json.loads(f.read(n))
+                end = 8 + n + max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+            except (ValueError, KeyError, TypeError, IndexError):
+                return "its safetensors header is cut or corrupt"
+            return None if end <= size else f"its safetensors header names {end} bytes, the file has {size}"
+    return None
+
+
+class _Failed(Exception):
+    """One download attempt that failed: ``str()`` says how, ``permanent`` when asking again cannot help."""
+
+    def __init__(self, what: str, permanent: bool = False):
+        super().__init__(what)
+        self.permanent = permanent
+
+
+def _attempt(base: str, f) -> str:
+    """Download ``base`` into ``f`` (a temp file opened w+b), checking the status, the length and the container;
+    returns the sha256 of the bytes. Raises ``_Failed``."""
+    h, received, expected = hashlib.sha256(), 0, None
+    try:
+        with urllib.request.urlopen(base, timeout=TIMEOUT_S) as response:
+            if response.status != 200:  # urllib follows redirects and raises for >= 400: 2xx other than 200
+                raise _Failed(f"HTTP status {response.status} {response.reason}")
+            length = response.headers.get("Content-Length")
+            expected = int(length) if length and length.isdigit() else None
+            while chunk := response.read(_CHUNK):
+                h.update(chunk)
+                f.write(chunk)
+                received += len(chunk)
+    except urllib.error.HTTPError as e:
+        permanent = 400 <= e.code < 500 and e.code not in (408, 429)
+        raise _Failed(f"HTTP status {e.code} {e.reason}", permanent) from e
+    except urllib.error.URLError as e:  # refused connection, DNS, TLS
+        raise _Failed(f"{e.reason}") from e
+    except (OSError, http.client.HTTPException) as e:  # reset, timeout, a chunked body cut (IncompleteRead)
+        received += len(getattr(e, "partial", b""))  # the bytes of the chunks read before the cut
+        cut = f" after {received} bytes" + (f" of {expected}" if expected is not None else "")
+        raise _Failed(f"the connection failed{cut}: {type(e).__name__}: {e}") from e
+    if expected is not None and received != expected:
+        raise _Failed(f"received {received} of {expected} bytes (Content-Length): the connection closed early")
+    f.flush()
+    why = unreadable(f)
+    if why:
+        raise _Failed(f"received {received} bytes, which are not a readable checkpoint: {why}")
+    return h.hexdigest()
+
+
 def fetch(url: str, sha256: str | None = None) -> str:
     """The local path of checkpoint ``url``: the cached file when it verifies, else downloaded (atomically).
 
@@ -121,37 +207,48 @@ def fetch(url: str, sha256: str | None = None) -> str:
     except ValueError as e:
         raise CheckpointError(str(e)) from e
     if os.path.isfile(path):
+        with open(path, "rb") as f:
+            why = unreadable(f)
         digest = _sha256(path)
-        if expected is None or _matches(digest, expected):
+        if why is None and (expected is None or _matches(digest, expected)):
             logger.info("Checkpoint %s: cached %s (sha256 %s)", base, path, digest)
             return path
         logger.warning(
-            "Checkpoint %s: cached %s has sha256 %s, not %s; downloading it again", base, path, digest, expected
+            "Checkpoint %s: cached %s %s; downloading it again",
+            base,
+            path,
+            f"is not a readable checkpoint ({why})" if why else f"has sha256 {digest}, not {expected}",
         )
         os.remove(path)
 
     digests: list[str] = []  # the download's hash, for the log
 
     def download(f) -> None:
-        h = hashlib.sha256()
-        with urllib.request.urlopen(base, timeout=TIMEOUT_S) as response:
-            while chunk := response.read(_CHUNK):
-                h.update(chunk)
-                f.write(chunk)
-        digest = h.hexdigest()
+        digest = _attempt(base, f)
         if expected is not None and not _matches(digest, expected):
             raise CheckpointError(_mismatch(url, path, digest, expected, origin))  # atomic_write removes the temp
         digests.append(digest)
 
     logger.info("Downloading %s to %s", base, path)
-    try:
-        atomic_write(path, download)
-    except (urllib.error.URLError, OSError) as e:  # HTTPError, refused connection, DNS, timeout
-        raise CheckpointError(
-            f"Cannot download checkpoint {base!r} ({getattr(e, 'reason', None) or e}). Without network access, "
-            f"download the file by hand and put it at {path} (the cache of torch.hub.get_dir(), set by "
-            "TORCH_HOME), or pass the local file's path instead of the URL."
-        ) from e
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            atomic_write(path, download, mode="w+b")
+            break
+        except OutputError as e:  # the cache folder cannot be written: no download can help
+            raise CheckpointError(f"Cannot download checkpoint {base!r}: {e}") from e
+        except _Failed as e:
+            if e.permanent or attempt == ATTEMPTS:
+                tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
+                raise CheckpointError(
+                    f"Cannot download checkpoint {base!r} ({e}; {tries}); nothing was cached. Without network "
+                    f"access, download the file by hand and put it at {path} (the cache of torch.hub.get_dir(), set "
+                    "by TORCH_HOME), or pass the local file's path instead of the URL."
+                ) from None
+            delay = BACKOFF_S * 2 ** (attempt - 1)
+            logger.warning(
+                "Checkpoint %s: attempt %d of %d failed (%s); trying again in %g s", base, attempt, ATTEMPTS, e, delay
+            )
+            time.sleep(delay)
     if expected is None:
         logger.info("Checkpoint %s has sha256 %s (pin it with %s#sha256=%s)", base, digests[0], base, digests[0])
     return path

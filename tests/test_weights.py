@@ -138,7 +138,10 @@ def test_init_cfg_pretrained_url_with_sha256_key(server):
 
 
 def test_server_down_names_the_url_and_the_cache_path(tmp_path, monkeypatch):
+    from backbones import download
+
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    monkeypatch.setattr(download, "BACKOFF_S", 0.01)  # a refused connection is tried again too
     with socket.socket() as s:  # a port on 127.0.0.1 that nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
