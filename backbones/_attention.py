@@ -3,7 +3,7 @@ formulation, the attention matrix materialised, is in ``_ops``).
 
 SDPA, or on CPU in fp32 for attention over a few hundred keys or more (STViT's global stage, HAT-Net's global
 attention to the pooled map) a kernel that runs every GEMM through oneDNN, whose GEMMs measured faster than
-the MKL ones inside SDPA's CPU kernel (docs/performance.md, "Fast paths"). The two GEMMs that contract over queries (dK,
+the MKL ones inside SDPA's CPU kernel (docs/kernels.md). The two GEMMs that contract over queries (dK,
 dV) read the probabilities transposed in place. Keeping the probabilities holds a (batch x heads, N_q, N_k)
 float32 tensor, so that kernel is used only up to ``Limits.attention_max_probs_bytes``; larger inputs (e.g.
 STViT's stage 3 at 800x1344, 350 MiB per block) take a chunked variant that keeps nothing of size N^2 and
@@ -38,7 +38,7 @@ def _mm_tn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a.T @ b for 2-D tensors with a common first dim, as one oneDNN GEMM.
 
     b goes in as the linear layer's weight b.T, a transposed view that oneDNN's matmul reads in place
-    (faster than torch.mm's MKL GEMM on the attention's dK/dV shapes, and than copying b.T first: docs/performance.md).
+    (faster than torch.mm's MKL GEMM on the attention's dK/dV shapes, and than copying b.T first: docs/kernels.md).
     """
     return _onednn_linear(a.t().contiguous(), b.t(), None, "none", [], "")
 

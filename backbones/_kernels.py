@@ -3,7 +3,7 @@
 Each kernel computes what the plain formulation in ``_ops`` computes, values and gradients
 (``tests/test_fast_kernels_match_plain.py``); the model files reach them through ``_ops`` with fast paths on, and each
 one checks that the modules it is handed are the kind it was written for, falling back to the plain
-composition otherwise. Why each exists, and what it measured, is in docs/performance.md ("Fast paths").
+composition otherwise. Why each exists, and what it measured, is in docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # --- row chunks -------------------------------------------------------------------------------------------
 # The widest activations (the MLP / inverted-residual hidden layers at stride 4 and 8) are computed in row
 # chunks of about Limits.row_chunk_bytes, which the allocator recycles, instead of one tensor large enough
-# to be served by fresh, page-faulting memory maps (docs/performance.md, "Fast paths": "Row chunks"). Exact: each chunk
+# to be served by fresh, page-faulting memory maps (docs/kernels.md, "Row chunks"). Exact: each chunk
 # carries `halo` rows of context for the convolutions, cropped after them.
 class _OverlappingRows(torch.autograd.Function):
     """Row slices [lo, hi) of x (views). Backward adds each slice's gradient into one buffer; autograd's own
@@ -107,7 +107,7 @@ def to_nchw(x: torch.Tensor) -> torch.Tensor:
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """``F.gelu``, on a channels_last map through its NHWC view (the same memory seen as a contiguous tensor; the
     result is the same channels_last NCHW view): ATen's CPU GELU kernels ran 1.4x (forward) and 1.6x (backward)
-    slower on the channels_last 4-D tensor than on that view (docs/performance.md). Views only, so harmless on
+    slower on the channels_last 4-D tensor than on that view (docs/kernels.md). Views only, so harmless on
     other devices."""
     if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
         return F.gelu(x.permute(0, 2, 3, 1), approximate=approximate).permute(0, 3, 1, 2)
@@ -183,7 +183,7 @@ class _MlpTail(torch.autograd.Function):
     Plain autograd keeps three hidden-width (4 x dim) tensors per block alive until backward (h, GELU(h),
     r); this keeps h and recomputes GELU and the depthwise conv in backward (no GEMM is recomputed).
     Same values and gradients, less activation memory for one more GELU + depthwise-conv forward per block
-    (docs/performance.md, "Fast paths")."""
+    (docs/kernels.md)."""
 
     @staticmethod
     def forward(ctx, h, dw_weight, dw_bias, weight, bias, dw_args):
@@ -272,7 +272,7 @@ class _InvertedResidualTail(torch.autograd.Function):
     Plain autograd keeps four hidden-width (8 x dim at strides 4 and 8) tensors per block until backward (h,
     SiLU(h), the depthwise conv's output and its SiLU); this keeps h and recomputes the two SiLUs and the
     depthwise conv in backward (no GEMM is recomputed). Same values and gradients; at 800x1344 that is 1.3 GiB
-    (stages 0 and 1) less kept for HAT-Net-S's backward (docs/performance.md, "Fast paths")."""
+    (stages 0 and 1) less kept for HAT-Net-S's backward (docs/kernels.md)."""
 
     @staticmethod
     def forward(ctx, h, dw_weight, dw_bias, weight, dw_args):
@@ -340,7 +340,7 @@ def inverted_residual(
 # Padded slices instead of the official identity-kernel convolutions (whose strided layout made ``bmm`` fall
 # back to a per-batch loop): stacked contiguous in an NHWC layout whose matrices feed ``bmm`` without copies.
 # The two are adjoint linear maps, so each one's backward is the other's forward. Autograd's own backward of the
-# slices allocated and zero-filled a full-size gradient per slice: nine per call (docs/performance.md).
+# slices allocated and zero-filled a full-size gradient per slice: nine per call (docs/kernels.md).
 def _unfold3x3(x: torch.Tensor) -> torch.Tensor:
     B, h, w, C = x.shape
     xp = F.pad(x, (0, 0, 1, 1, 1, 1))

@@ -4,7 +4,7 @@ import dataclasses
 
 import torch
 
-# The CPU kind decides three defaults, each measured on both kinds (figures: docs/performance.md, "Fast paths"):
+# The CPU kind decides three defaults, each measured on both kinds (figures: docs/kernels.md):
 # with AVX-512 oneDNN's GEMMs outran MKL's, the oneDNN attention kernel beat SDPA and the row chunks were tuned at
 # 8 MiB; on an AVX2 CPU (no AVX-512) SDPA was the faster, dense 3x3 convolutions ran forward and backward faster
 # in NCHW than in channels_last, and 32 MiB row chunks (fewer, larger GEMMs) ran the step faster than 8 MiB ones.
@@ -14,7 +14,7 @@ _NEVER = 2**62
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Input sizes from which each fast path engages (see docs/performance.md for why these values).
+    """Input sizes from which each fast path engages (see docs/kernels.md for why these values).
 
     Attributes:
         row_chunk_bytes: hidden layers larger than twice this are computed in row chunks of about this size

@@ -150,7 +150,7 @@ def in_float32(method: Callable) -> Callable:
 def to_internal(x: torch.Tensor) -> torch.Tensor:
     """x in the memory layout the backbones compute in (a no-op when it is in it already): fast, channels_last
     (oneDNN's NHWC convolutions measured faster on CPU, the channel LayerNorms need no permute copies, the
-    attention's q/k/v reshapes are views with a contiguous head dim: docs/performance.md); plain, the official
+    attention's q/k/v reshapes are views with a contiguous head dim: docs/kernels.md); plain, the official
     contiguous NCHW. Same values either way."""
     return _ACTIVE[0].to_internal(x)
 

@@ -76,7 +76,7 @@ FULL = Plan(
 # so even the small variants' half-precision steps are slow there), at sizes whose stage maps still exercise the
 # padding (72x100 divides no grid). torch.compile with the eager backend: dynamo's graph capture (graph breaks,
 # guards) and the child-process plumbing, without inductor's C++ code generation or AOTAutograd (both slow on
-# a CPU; figures in docs/performance.md, "GPU report").
+# a CPU; docs/measuring.md, "GPU report").
 QUICK = Plan(
     exact_sizes=((64, 96), (224, 224), (72, 100)),
     train_size=(64, 96),

@@ -1,6 +1,6 @@
 """Ours against the baselines on one input: seconds per iteration (timed round-robin in this process, so that
 the ratios are fair on a noisy machine), peak memory (each model alone), parameters and GMACs; and the
-speed table of docs/performance.md built from such runs."""
+speed table of docs/benchmarks/backbone-speed-2026-12-02.md built from such runs."""
 
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ KEYS: tuple[Key, ...] = (
         "",
         HONOURED,
         "`True` or `torch.compile` arguments: the backbone and neck are compiled "
-        "for training (docs/performance.md#torchcompile)",
+        "for training (docs/measuring.md#torchcompile)",
     ),
     Key(
         "launcher",

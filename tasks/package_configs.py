@@ -5,7 +5,7 @@ mmengine 0.10's ``Config`` looks every such path up in the package's model index
 ``.mim/model-index.yml`` and every metafile listed there (about 70 YAML files for mmdet 3.3) and, when the name is
 not among their ``Config`` entries, falls back to ``.mim/configs/<path>``. Nothing is kept between lookups, so
 every ``_base_`` entry of every config load parsed them all again, and the tools and tests load configs many
-times (docs/performance.md has the figures). Before that, ``Config`` asks whether the package is installed, and
+times (docs/measuring.md has the figures). Before that, ``Config`` asks whether the package is installed, and
 mmengine's ``is_installed`` reloads ``pkg_resources`` (a scan of every installed distribution) for each
 path. ``install()`` replaces the index reading with one that keeps each package's index, and the installed check
 with one that keeps each package's answer (the installed files do not change under a running process); the

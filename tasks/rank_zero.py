@@ -1,7 +1,7 @@
 """``rank_zero_info`` for the code that runs before a trainer exists, or without one: loading a config and
 building the optimizer.
 
-Lightning's own ``rank_zero_info`` would import Lightning (seconds of start-up: docs/performance.md) into the
+Lightning's own ``rank_zero_info`` would import Lightning (seconds of start-up: docs/measuring.md) into the
 tools that only read a config (``print_config.py``, ``browse_dataset.py``, ``get_flops.py``, ``benchmark.py
 --config`` and its memory children). So: when Lightning is loaded (training, testing), its function prints the
 line, with its rank rule (the strategy's global rank once set up) and its console handler, as before; otherwise

@@ -89,8 +89,8 @@ def test_compiled_backbone_matches_eager():
     # What --compile depends on in our code: TorchDynamo traces the backbone (no error, no wrong guard) and
     # the traced graph, through AOTAutograd, computes what eager does. The backend here is aot_eager, the
     # traced graph run by eager kernels: inductor's C++ code generation is PyTorch's and takes 50-90 s per
-    # model on a CPU (docs/performance.md has --compile's figures). HAT-Net's backbone is traced the same way,
-    # and trained, by tests/test_config_keys.py's compiled run.
+    # model on a CPU (docs/benchmarks/backbone-speed-2026-12-02.md has --compile's figures). HAT-Net's backbone
+    # is traced the same way, and trained, by tests/test_config_keys.py's compiled run.
     import torch
 
     model, x = model_and_input("ours", _setting(family="stvit", arch="shrunk", size=(64, 64)))

@@ -1,7 +1,7 @@
 """tools/benchmark_loop.py at a tiny size: both loops (tools/train.py and mmengine's Runner) really train the demo
 detection config in their own processes, marking each epoch's end, and the report holds every run and the
 per-round figures computed from the marks. (Not the
-speed ratio: too noisy on a shared machine; docs/performance.md has the measured figures.)"""
+speed ratio: too noisy on a shared machine; docs/benchmarks/ has the measured figures.)"""
 
 import json
 import math

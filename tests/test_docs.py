@@ -1,7 +1,7 @@
-"""The documentation's links work: every relative link and image in README.md, docs/*.md and
-configs/README.md names a file of the repository, and every #anchor names a heading of its page; every path and
-Python name of the project that these pages and CONTRIBUTING.md cite in code spans exists; the README stays a
-front page."""
+"""The documentation's links work: every relative link and image in README.md, docs/*.md, the benchmark logs
+and configs/README.md names a file of the repository, and every #anchor names a heading of its page; every path
+and Python name of the project that these pages and CONTRIBUTING.md cite in code spans exists; the README stays
+a front page."""
 
 import ast
 import re
@@ -13,6 +13,7 @@ from tests._tools import REPO as _REPO
 
 REPO = Path(_REPO)
 PAGES = sorted([REPO / "README.md", REPO / "configs" / "README.md", *(REPO / "docs").glob("*.md")])
+LOGS = sorted((REPO / "docs" / "benchmarks").glob("*.md"))  # dated: their links work, their citations may age
 # [text](target) and ![alt](target); the target ends at the first space (a title may follow) or ")".
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)[^)]*\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
@@ -31,7 +32,7 @@ def links(page: Path) -> list[str]:
     return LINK.findall(text)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("page", PAGES + LOGS, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_and_anchors_resolve(page):
     broken = []
     for target in links(page):
@@ -51,7 +52,7 @@ def test_link_checker_sees_links_and_anchors():
     found = {t.partition("#")[0] for t in links(REPO / "README.md")}
     pages = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
     assert pages <= found, f"docs pages the README does not link: {sorted(pages - found)}"
-    assert "the-demo-and-the-test-suite" in anchors(REPO / "docs" / "performance.md")
+    assert "the-demo-and-the-test-suite" in anchors(REPO / "docs" / "measuring.md")
 
 
 def test_readme_is_a_front_page():

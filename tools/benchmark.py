@@ -2,7 +2,7 @@
 """Speed, memory and FLOPs of the backbones at detection / segmentation input sizes.
 
   python tools/benchmark.py --family stvit --arch small --size 800x1344 --mode train [--compare]
-  python tools/benchmark.py --table     # docs/performance.md's speed table (448x672 and 800x1344, train, fp32)
+  python tools/benchmark.py --table     # the benchmark logs' speed table (448x672 and 800x1344, train, fp32)
   python tools/benchmark.py --variants  # params and GMACs of the released variants at 224x224
   python tools/benchmark.py --throughput --device cuda --precision bf16  # images/s at 224x224, batch 64
   python tools/benchmark.py --scaling [--sizes 224x224 448x672 800x1344] [--plot scaling.png]  # cost vs size
@@ -111,7 +111,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--table",
         action="store_true",
-        help="docs/performance.md's speed table: STViT-S (default and dense stoken sizes) and HAT-Net-S at "
+        help="the benchmark logs' speed table: STViT-S (default and dense stoken sizes) and HAT-Net-S at "
         "448x672 and 800x1344, train, vs reference / Swin-T / ResNet-50, with peak memory",
     )
     p.add_argument(

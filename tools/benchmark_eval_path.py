@@ -12,7 +12,7 @@ evaluator (with ``--format-only``: our ``--format-only --out-dir`` writers) and 
 ``val``: ``tools/train.py`` with a validation after each short epoch; the RSS after each validation.
 ``seg-evaluator``: our segmentation evaluator against ``IoUMetric`` at ADE20K scale (2000 images of
 512x683, 150 classes) on the same synthetic predictions. See ``perf/eval_path.py`` / ``perf/eval_seg.py``
-for what is measured; the figures of this machine are in docs/performance.md.
+for what is measured; the figures are in docs/benchmarks/evaluation-2026-12-03.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ run a whole process that marks the end of every epoch, the two loops alternating
 to round. Prints every run, then per loop the time per optimizer step (the slope between the marks after the
 short and the long number of epochs, so that start-up cancels; wall and CPU time) and the peak memory, and the
 lightning / runner ratios per round (median, min .. max). What both loops are made to do alike is in
-perf/loop.py; docs/performance.md has the figures. The data is written by ``python tools/make_tiny_data.py --out data``.
+perf/loop.py; docs/benchmarks/loop-vs-runner-2026-12-05.md has the figures. The data is written by
+``python tools/make_tiny_data.py --out data``.
 """
 
 from __future__ import annotations

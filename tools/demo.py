@@ -8,7 +8,7 @@ where everything is.
 Each step is the same command a user would type (tools/make_tiny_data.py, tools/train.py, tools/test.py,
 tools/visualize_attention.py, tools/plot_curves.py), printed before it runs. The steps run in this process, one
 after the other, as the scripts' own ``__main__``: each fresh interpreter would import torch, Lightning and the
-mm packages again (seconds of CPU each: docs/performance.md). Relative paths are taken from the repository root.
+mm packages again (seconds of CPU each: docs/measuring.md). Relative paths are taken from the repository root.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ each in place (``nn.Module.compile``: the parameter names, so checkpoints, stay 
 tensor code where the time goes, while the rest of an mm detector (RPN proposal sampling, RoI assignment,
 data samples, NMS in mmcv's ops) is Python over lists and per-image shapes, where dynamo breaks the graph and
 meets a new number of boxes at every step. The backbone's figures against eager (``perf/compile_step.py``, whose
-``--targets model`` compiles the whole model for comparison) are in docs/performance.md#torchcompile.
+``--targets model`` compiles the whole model for comparison) are in docs/measuring.md#torchcompile.
 """
 
 from __future__ import annotations
