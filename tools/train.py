@@ -43,13 +43,14 @@ from tasks.config import ConfigError, add_cfg_options, config_text, default_work
 from tasks.data.checks import DataError, DataPathError
 from tasks.quiet import quiet_mm_console
 from tasks.training.checkpoint_io import apply_load_from, write_json
+from tasks.training.disk_space import DiskFullError
 from tasks.training.optim import enable_auto_scale_lr
-from tasks.training.restart import resume_checkpoint
+from tasks.training.restart import resume_checkpoint, resume_command
 from tasks.training.trackers import finish_tracking
 from tasks.training.trainer import build_trainer, releasing_process_group
 
 # Errors of the user's input, whose messages name the file or key and the fix: printed without a traceback.
-USER_ERRORS = (ConfigError, CheckpointError, OutputError, DataPathError, DataError)
+USER_ERRORS = (ConfigError, CheckpointError, OutputError, DataPathError, DataError, DiskFullError)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -116,7 +117,11 @@ def main(argv=None, callbacks=()) -> dict:
     if trainer.is_global_zero:
         # the resolved config, readable by Config.fromfile; not cfg.dump, whose yapf formatting takes seconds
         write_text(osp.join(work_dir, osp.basename(args.config)), config_text(cfg))
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    except DiskFullError as e:
+        e.resume = resume_command(sys.argv[1:] if argv is None else list(argv), work_dir)
+        raise
     if not module.val_metrics and not module.validated:  # e.g. resumed a finished run: measure now
         trainer.validate(module, datamodule=datamodule)
     if trainer.is_global_zero:

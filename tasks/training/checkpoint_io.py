@@ -28,6 +28,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from backbones.atomic import atomic_write, write_json  # noqa: F401 - write_json: the tools' JSON results
 from backbones.weights import CheckpointError, KeyReport, load_model_weights, read_checkpoint, state_dict_diff
 
+from .disk_space import disk_full_error, space_failure
+
 
 def load_checkpoint_safely(path: str | os.PathLike, map_location: str | torch.device | None = None) -> dict:
     """``torch.load(weights_only=True)`` with the allow-list of ``backbones.weights``; a file that holds
@@ -98,7 +100,8 @@ def _map(obj, device):
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` with a same-directory temp file + ``os.replace`` for local paths, and
-    allow-listed ``weights_only`` loading (``weights_only=False`` is never honoured)."""
+    allow-listed ``weights_only`` loading (``weights_only=False`` is never honoured). A write that fails for space
+    raises ``DiskFullError`` in plain words (tasks/training/disk_space.py)."""
 
     def load_checkpoint(self, path: _PATH, map_location: Any = None, weights_only: bool | None = None) -> dict:
         if not isinstance(get_filesystem(path), LocalFileSystem):
@@ -107,7 +110,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
         return load_checkpoint_safely(path, map_location)
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: dict[str, int] = {}  # the global step of each checkpoint written, for a full disk's message
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any = None) -> None:
         if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
             return super().save_checkpoint(checkpoint, path, storage_options)  # remote stores: fsspec's way
-        atomic_write(path, lambda f: torch.save(checkpoint, f))
+        path = os.path.abspath(path)
+        try:
+            atomic_write(path, lambda f: torch.save(checkpoint, f))
+        except Exception as e:
+            failure = space_failure(e)  # torch's RuntimeError carries the ENOSPC of the file as its context
+            if failure is None:
+                raise
+            raise disk_full_error(failure, path, checkpoint, self.steps) from e
+        self.steps[path] = checkpoint.get("global_step")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import os.path as osp
+import shlex
 import shutil
 import signal
 import subprocess
@@ -62,6 +63,23 @@ def resume_checkpoint(resume: str | None, work_dir: str) -> str | None:
             f"--resume: checkpoint {ckpt} does not exist (--resume auto starts fresh when there is none)"
         )
     return ckpt
+
+
+def resume_command(argv: list[str], work_dir: str) -> str:
+    """The ``tools/train.py`` command line ``argv`` (its arguments) with ``--resume auto`` in place of any
+    ``--resume`` it had and its work dir named: what resumes the run from ``WORK_DIR/last.ckpt`` (or starts it
+    afresh when there is none)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--resume":  # with its value, when one follows
+            i += 2 if i + 1 < len(argv) and not argv[i + 1].startswith("-") else 1
+            continue
+        if not argv[i].startswith("--resume="):
+            out.append(argv[i])
+        i += 1
+    if not any(a == "--work-dir" or a.startswith("--work-dir=") for a in out):
+        out += ["--work-dir", work_dir]
+    return shlex.join(["python", "tools/train.py", *out, "--resume", "auto"])
 
 
 def signal_number(name: str | int) -> signal.Signals:

@@ -48,6 +48,7 @@ from mmengine.config import Config
 from ..config_keys import ConfigError
 from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
+from .disk_space import DiskSpaceCheck
 from .ema import build_custom_hooks
 from .progress import is_iteration_based, step_progress_bar
 from .restart import ElasticDDPStrategy, Preemption
@@ -223,11 +224,10 @@ def build_trainer(
             checkpoints, no training-state callbacks.
         overrides: ``lightning.Trainer`` keyword arguments that win over the config's.
 
-    Besides the checkpoint callbacks it adds the state that does not belong to the task module
-    (tasks/training/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for training;
-    and for training the config's ``custom_hooks`` (model EMA, tasks/training/ema.py; a test reads the averaged
-    weights from the checkpoint's ``state_dict`` without it). With the config's loggers, ``StepTime`` logs each
-    iteration's seconds (``train/time``, ``train/data_time``).
+    Besides the checkpoint callbacks (and ``DiskSpaceCheck``) it adds the state that does not belong to the task
+    module (tasks/training/callbacks.py): ``SyncBuffers`` always; ``RNGStates`` and ``FiniteWeightsGuard`` for
+    training; and for training the config's ``custom_hooks`` (model EMA, tasks/training/ema.py; a test reads the
+    averaged weights from the checkpoint's ``state_dict`` without it). ``StepTime`` logs each iteration's seconds.
     """
     kwargs = trainer_kwargs(cfg)
     kwargs.update(overrides)
@@ -244,7 +244,7 @@ def build_trainer(
             StepLimitResume(),
         ]
         if kwargs.get("enable_checkpointing", True):
-            callbacks.append(checkpoint_callback(cfg, work_dir))
+            callbacks += [checkpoint_callback(cfg, work_dir), DiskSpaceCheck(work_dir)]
             every = cfg.get("checkpoint_every_n_steps")
             if every:
                 callbacks.append(
