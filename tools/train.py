@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Train an mmdet / mmseg model from an mmengine config, with Lightning running the loop.
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--auto-scale-lr] [--cfg-options KEY=VALUE ...]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--auto-scale-lr] [--check-data]
+        [--cfg-options KEY=VALUE ...]
 
 Devices, nodes, strategy, precision... come from the config's ``trainer = dict(...)`` (lightning.Trainer
 kwargs), overridable like any key: ``--cfg-options trainer.devices=4 trainer.strategy=ddp``.
@@ -13,7 +14,8 @@ validation metrics). ``--resume`` alone resumes from ``WORK_DIR/last.ckpt``;
 The config's ``load_from`` (a whole-model checkpoint or URL) is loaded after the model's initialisation for
 fine-tuning: tensors of another shape (heads for another number of classes) are skipped and logged; ``--resume``
 wins over it (docs/training.md). ``--auto-scale-lr`` scales the lr to the real total batch size (see
-tasks/training/optim.py and docs/training.md).
+tasks/training/optim.py and docs/training.md). ``--check-data`` first reads every sample of the config's datasets
+(tools/check_data.py) and stops if one is bad.
 
 On SIGUSR1 (the config's ``requeue_signal``) or SIGTERM, training stops at the next optimizer step with a
 checkpoint, a SLURM job is requeued, and the process exits with status 75 (tasks/training/restart.py).
@@ -41,6 +43,7 @@ from backbones.errors import CheckpointError
 from tasks import build_task
 from tasks.config import ConfigError, add_cfg_options, config_text, default_work_dir, load_config
 from tasks.data.checks import DataError, DataPathError
+from tasks.data.scan import check_before_training
 from tasks.quiet import quiet_mm_console
 from tasks.training.checkpoint_io import apply_load_from, write_json
 from tasks.training.disk_space import DiskFullError
@@ -70,6 +73,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="scale the optimizer's lr by (devices x nodes x train_dataloader.batch_size x gradient accumulation) "
         "/ auto_scale_lr.base_batch_size (the linear scaling rule; mmdet leaves accumulation out)",
+    )
+    parser.add_argument(
+        "--check-data",
+        action="store_true",
+        help="first read every sample of the config's datasets (tools/check_data.py); stop, with the problems in "
+        "WORK_DIR/check_data.json, if one is found",
     )
     add_cfg_options(
         parser,
@@ -108,6 +117,8 @@ def main(argv=None, callbacks=()) -> dict:
         enable_auto_scale_lr(cfg, args.config)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
     ckpt = resume_checkpoint(args.resume, work_dir)
+    if args.check_data and _rank() == 0:  # before anything is built; the other ranks start after it
+        check_before_training(cfg, cfg.get("default_scope"), osp.join(work_dir, "check_data.json"), os.cpu_count() or 1)
 
     setup_mm_logger(work_dir)
     L.seed_everything((cfg.get("randomness") or {}).get("seed") or 0, workers=True)

@@ -64,6 +64,12 @@ def check_dataset_paths(ds_cfg: dict, section: str) -> None:
 class DataError(RuntimeError):
     """A sample that cannot be used; the message names the file."""
 
+    def __init__(self, message: str = "") -> None:
+        # torch re-raises a loader worker's exception as type(e)("Caught ... Original Traceback ...: <message>"): the
+        # user reads the message, not a traceback of the worker
+        worker, _, original = message.partition(f"\n{__name__}.DataError: ")
+        super().__init__(original.strip() if worker.startswith("Caught DataError") and original else message)
+
 
 def _jpeg_truncated(path: str) -> bool:
     """No JPEG end-of-image marker (FFD9) in the last KiB: cut off, e.g. by an interrupted copy. OpenCV
@@ -88,7 +94,8 @@ class CheckedDataset(Dataset):
     def __len__(self):
         return len(self.dataset)
 
-    def _files(self, idx: int) -> list[str]:
+    def files(self, idx: int) -> list[str]:
+        """The file names of sample ``idx`` (image, label map), where the dataset names them."""
         try:
             info = self.dataset.get_data_info(idx)
         except Exception:  # noqa: BLE001 - wrappers without get_data_info: no file names to check
@@ -96,7 +103,7 @@ class CheckedDataset(Dataset):
         return [info[k] for k in ("img_path", "seg_map_path") if isinstance(info.get(k), str)]
 
     def __getitem__(self, idx: int):
-        files = self._files(idx)
+        files = self.files(idx)
         for path in files:
             if "://" in path:
                 continue
@@ -218,11 +225,12 @@ def check_coco_file(coco, dataset, section: str, sections: tuple[str, ...]) -> N
         )
 
 
-def build_dataset(ds_cfg: dict, section: str, sections: tuple[str, ...]):
+def build_dataset(ds_cfg: dict, section: str, sections: tuple[str, ...], check_coco=None):
     """``DATASETS.build(ds_cfg)``; a dataset without samples (none found, or all dropped by ``filter_cfg``) is a
     ``DataError`` naming the section and its paths; a COCO-format dataset is checked with ``check_coco_file`` on
     the index mmdet builds while it loads the file (one parse of the JSON), and the images ``filter_cfg`` dropped
-    are logged."""
+    are logged. ``check_coco(coco, dataset)``: called on that index instead of ``check_coco_file`` (the data scan,
+    tasks/data/scan.py, collects every problem rather than stopping at the first)."""
     from mmengine.dataset import BaseDataset
     from mmengine.registry import DATASETS  # the default scope routes to mmdet/mmseg's registry
 
@@ -258,7 +266,10 @@ def build_dataset(ds_cfg: dict, section: str, sections: tuple[str, ...]):
     def read_and_check(path):  # mmdet's load_data_list reads the file with ``self.COCOAPI(path)``
         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints four progress lines per file
             coco = read(path)
-        check_coco_file(coco, dataset, section, sections)
+        if check_coco is None:
+            check_coco_file(coco, dataset, section, sections)
+        else:
+            check_coco(coco, dataset)
         n_images.append(len(coco.imgs))
         return coco
 
