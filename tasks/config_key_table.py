@@ -168,6 +168,8 @@ KEYS: tuple[Key, ...] = (
     Key("checkpoint_every_n_steps", "", HONOURED, "`last.ckpt` every N optimizer steps"),
     Key("requeue_signal", "", HONOURED, "the signal that stops training with a checkpoint and requeues"),
     Key("nonfinite_loss", "", HONOURED, "`'raise'` or `'skip'` a step whose loss is NaN / inf"),
+    Key("data_errors", "", HONOURED, "`'raise'` or `'skip'` a training sample that fails to load"),
+    Key("data_errors_max", "", HONOURED, "with `data_errors='skip'`: the fraction of training samples that may fail"),
     Key("loggers", "", HONOURED, "Lightning logger classes (experiment trackers)"),
     *(
         Key(name, "", VARIABLE, "a variable of mm's base configs, read by the config itself")

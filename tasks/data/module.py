@@ -16,7 +16,8 @@ exactly the batches of an uninterrupted one (independently of ``num_workers``). 
 distributed sampler, so the trainer is built with ``use_distributed_sampler=False`` (tasks/training/trainer.py).
 
 Every dataset is built and checked by tasks/data/checks.py (paths before building, COCO annotation files
-while mmdet reads them, every sample's files and labels as it is loaded: errors name the file).
+while mmdet reads them, every sample's files and labels as it is loaded: errors name the file). With the config's
+``data_errors='skip'`` a training sample that fails to load gives its place to the next one (tasks/data/skipping.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..config import register_scope
 from .checks import CheckedDataset, build_dataset, check_dataset_paths
 from .sampling import ResumableBatchSampler, ResumableDataLoader, ResumableSampler, SeededDataset, build_batch_sampler
+from .skipping import SkippingDataset, data_error_policy
 
 SPLITS = ("train", "val", "test")
 
@@ -80,8 +82,12 @@ class MMDataModule(L.LightningDataModule):
         workers = sec.get("num_workers", 0)
         if "batch_sampler" not in batching:
             batching.update(batch_size=sec.get("batch_size", 1), drop_last=sec.get("drop_last", False))
+        checked = CheckedDataset(self.dataset(split), split)
+        dataset = SeededDataset(checked)
+        if split == "train" and data_error_policy(self.cfg)[0] == "skip":  # validation and tests never skip
+            dataset = SkippingDataset(dataset, checked.files)
         return cls(
-            SeededDataset(CheckedDataset(self.dataset(split), split)),
+            dataset,
             num_workers=workers,
             persistent_workers=bool(sec.get("persistent_workers")) and workers > 0,
             pin_memory=sec.get("pin_memory", False),

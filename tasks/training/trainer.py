@@ -46,6 +46,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from mmengine.config import Config
 
 from ..config_keys import ConfigError
+from ..data.skipping import data_error_callbacks
 from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO
 from .disk_space import DiskSpaceCheck
@@ -242,20 +243,14 @@ def build_trainer(
             FiniteWeightsGuard(),
             Preemption(os.path.join(work_dir, "last.ckpt"), cfg.get("requeue_signal") or "SIGUSR1"),
             StepLimitResume(),
+            *data_error_callbacks(cfg, work_dir),  # data_errors='skip': the left-out samples, counted
         ]
         if kwargs.get("enable_checkpointing", True):
             callbacks += [checkpoint_callback(cfg, work_dir), DiskSpaceCheck(work_dir)]
             every = cfg.get("checkpoint_every_n_steps")
             if every:
-                callbacks.append(
-                    WorkDirCheckpoint(
-                        dirpath=work_dir,
-                        save_last=True,
-                        save_top_k=0,
-                        every_n_train_steps=int(every),
-                        enable_version_counter=False,
-                    )
-                )
+                last_only = dict(save_last=True, save_top_k=0, enable_version_counter=False)
+                callbacks.append(WorkDirCheckpoint(dirpath=work_dir, every_n_train_steps=int(every), **last_only))
         if kwargs.get("enable_model_summary", True) and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(ParamsSummary())
             kwargs["enable_model_summary"] = False  # Lightning adds none of its own then (and says nothing of it)
