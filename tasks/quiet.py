@@ -66,6 +66,13 @@ WARNING_FILTERS: tuple[tuple[str, type[Warning], str, str], ...] = (
         "1x1 (C, K, 1, 1) convolution weights come in the weights' memory order with other strides there, which "
         "autograd's own layout check accepts; DDP copies them into its buckets as it copies any gradient",
     ),
+    (
+        r"torch\.meshgrid: in an upcoming release, it will be required to pass the indexing argument",
+        UserWarning,
+        r"torch\.functional",
+        "mmdet 3.3's deformable-attention encoder and DINO's proposal grid (DINO, Mask2Former's pixel decoder) call "
+        "torch.meshgrid without `indexing`, relying on the 'ij' default",
+    ),
 )
 
 
