@@ -93,7 +93,7 @@ class SubmissionWriter(L.Callback):
                     "--out-dir: the COCO results format takes its image and category ids from the "
                     "annotation file; test_dataloader.dataset has no ann_file"
                 )
-            iou_types = ["bbox", "segm"] if getattr(pl_module.model, "with_mask", False) else ["bbox"]
+            iou_types = ["bbox", "segm"] if pl_module.with_masks else ["bbox"]
             with _quiet_coco_metric():  # it reads the annotation file with pycocotools
                 self.metric = CocoMetric(
                     ann_file=ann_file,

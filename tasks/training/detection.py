@@ -25,11 +25,20 @@ class DetectionModule(MMTaskModule):
 
         return MODELS
 
+    def predicts_masks(self) -> bool:
+        """Mask R-CNN & co. have a mask head (``with_mask``); MaskFormer / Mask2Former predict instance masks when
+        their ``test_cfg.instance_on`` (mmdet's instance-segmentation configs; its panoptic fusion head holds the
+        model's ``test_cfg``)."""
+        if getattr(self.model, "with_mask", False):
+            return True
+        fusion = getattr(self.model, "panoptic_fusion_head", None)
+        return bool((getattr(fusion, "test_cfg", None) or {}).get("instance_on", False))
+
     def build_evaluator(self, with_masks: bool | None = None) -> DetectionEvaluator:
         """``DetectionEvaluator``: box mAP, and mask mAP when ``with_masks`` (default: when the model predicts
         masks, as ``CocoMetric(metric=['bbox', 'segm'])`` for Mask R-CNN & co.)."""
         if with_masks is None:
-            with_masks = getattr(self.model, "with_mask", False)
+            with_masks = self.predicts_masks()
         return DetectionEvaluator(with_masks=with_masks)
 
     def check_classes(self, dataset, split: str) -> None:
@@ -65,7 +74,7 @@ class DetectionModule(MMTaskModule):
     def check_tta(self, tta: torch.nn.Module) -> None:
         from mmdet.models import DetTTAModel
 
-        if isinstance(tta, DetTTAModel) and getattr(self.model, "with_mask", False):
+        if isinstance(tta, DetTTAModel) and self.with_masks:
             raise ValueError(
                 f"--tta: mmdet's DetTTAModel merges boxes only (no instance masks), so it cannot test "
                 f"{type(self.model).__name__}, which predicts instance masks. Use --tta with box-only detectors "

@@ -51,6 +51,7 @@ class MMTaskModule(L.LightningModule):
 
     Attributes:
         model: the mm detector / segmentor (SyncBN reverted to BatchNorm; see below).
+        with_masks: the model predicts instance masks (``predicts_masks``).
         evaluator: the validation evaluator: ours (``build_evaluator``, a torchmetrics ``Metric``) or mm's metric
             classes (``tasks.evaluation.mm_metric.MMEvaluator``), as ``val_evaluator`` asks
             (``tasks.evaluation.select``).
@@ -78,9 +79,10 @@ class MMTaskModule(L.LightningModule):
         # SyncBN in mm configs cannot run on CPU or in one process; synchronised BN is Lightning's
         # job (trainer.sync_batchnorm=True converts every BatchNorm back under DDP).
         self.model = revert_sync_batchnorm(model)
+        self.with_masks = self.predicts_masks()
         # the config's val_evaluator / test_evaluator: ours where it computes them, else mm's metric classes
         self.evaluator, self.test_evaluator = build_evaluators(
-            self.cfg, self.scope, self.build_evaluator, with_masks=getattr(self.model, "with_mask", False)
+            self.cfg, self.scope, self.build_evaluator, with_masks=self.with_masks
         )
         # flat float metrics + 'per_class' (see tasks/evaluation/coco.py)
         self.val_metrics: dict = {}
@@ -103,6 +105,10 @@ class MMTaskModule(L.LightningModule):
     def models_registry() -> Registry:
         """The mm registry that builds ``cfg.model`` (mmdet's or mmseg's ``MODELS``)."""
         raise NotImplementedError
+
+    def predicts_masks(self) -> bool:
+        """Whether the model's predictions hold instance masks (``with_masks``); detection tasks say."""
+        return False
 
     def build_evaluator(self, **options) -> Metric:
         """Our torchmetrics evaluator fed with ``model.predict`` results; ``options`` come from the config's
