@@ -7,6 +7,7 @@ are an implementation cost, not the model's). "GMACs" are torch's flops / 2e9 (m
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -117,6 +118,16 @@ def fake_batch(model, scope: str, shape: tuple[int, int]):
     return torch.randn(1, 3, h, w, generator=generator), [Sample(metainfo=meta)]
 
 
+def _forward(model, inputs, data_samples):
+    """``model(inputs, data_samples, mode='tensor')``; an mmseg decode head whose ``forward`` takes the data samples
+    (mmseg's MaskFormer / Mask2Former heads, which mmseg's ``_forward`` calls without them) runs as mmseg's own
+    ``predict`` runs it, on the backbone's features."""
+    head = getattr(model, "decode_head", None)
+    if head is not None and "batch_data_samples" in inspect.signature(type(head).forward).parameters:
+        return head(model.extract_feat(inputs), data_samples)
+    return model(inputs, data_samples, mode="tensor")
+
+
 def model_flops(config: str, shape: tuple[int, int] | None = None, cfg_options: dict | None = None) -> dict:
     """``{"gflops": GMACs, "params_m": M, "parts": {part: GMACs}, "params_parts_m": {...}, "shape": [H, W]}`` of
     the config's model on one image of ``shape`` (default ``default_shape``), run as
@@ -128,7 +139,7 @@ def model_flops(config: str, shape: tuple[int, int] | None = None, cfg_options: 
     torch.manual_seed(0)  # the RPN's proposals (their number sets the RoI heads' cost) come from the weights
     model = build_model(config, cfg_options)
     inputs, data_samples = fake_batch(model, cfg.default_scope, shape)
-    total, parts = count(model, lambda: model(inputs, data_samples, mode="tensor"))
+    total, parts = count(model, lambda: _forward(model, inputs, data_samples))
     params = {name: sum(p.numel() for p in child.parameters()) for name, child in model.named_children()}
     return dict(
         gflops=total / 2e9,
