@@ -49,8 +49,9 @@ def _only(*fields: str) -> Callable[[Any], bool]:
 
 _BASE_VARIABLES = (
     # mmdet's / mmseg's bases: names their own sections are written with
-    "albu_train_transforms backbone_norm_cfg batch_size branch_field checkpoint checkpoint_file color_space "
-    "crop_size data_preprocessor data_root "
+    "albu_train_transforms backbone_norm_cfg batch_augments batch_size branch_field checkpoint checkpoint_file "
+    "color_space crop_size data_preprocessor data_root dynamic_intervals embed_multi image_size interval "
+    "num_stuff_classes num_things_classes "
     "dataset_aug dataset_train dataset_type dataset_version geometric img_ratios img_scale input_size "
     "labeled_dataset metainfo norm_cfg num_classes num_workers optimizer scale stable_diffusion_cfg strong_pipeline "
     "sup_pipeline test_img_scale test_pipeline train_ann train_img_scale train_pipeline tta_pipeline unlabeled_dataset "
@@ -58,8 +59,9 @@ _BASE_VARIABLES = (
 ).split()
 _OUR_VARIABLES = (
     # configs/: the same for ours (the schedule lengths feed train_cfg / trainer, the backbones model.backbone)
-    "channels dense_stoken_size hatnet_optim_wrapper hatnet_s_backbone img_scales max_epochs max_iters pretrained "
-    "stvit_optim_wrapper stvit_s_backbone swin_det_1x_param_scheduler tta_img_scales val_interval"
+    "channels dense_stoken_size hatnet_backbone_keys hatnet_optim_wrapper hatnet_s_backbone img_scales max_epochs "
+    "max_iters pretrained stvit_backbone_keys stvit_optim_wrapper stvit_s_backbone swin_det_1x_param_scheduler "
+    "tta_img_scales val_interval"
 ).split()
 
 KEYS: tuple[Key, ...] = (
@@ -130,7 +132,11 @@ KEYS: tuple[Key, ...] = (
         "",
         IGNORED,
         "Lightning's loggers smooth and write the logs (`loggers`)",
-        ({"type": "LogProcessor", "window_size": 50, "by_epoch": True}, {"by_epoch": False}),
+        (
+            {"type": "LogProcessor", "window_size": 50, "by_epoch": True},
+            {"by_epoch": False},
+            {"type": "LogProcessor", "window_size": 50, "by_epoch": False},  # mmdet's iteration-based Mask2Former
+        ),
     ),
     Key(
         "compile",
