@@ -76,7 +76,10 @@ def coco_problems(coco, ann_file: str, classes, split: str) -> list[dict]:
 
 
 def _tasks(dataset) -> list[FileTask]:
-    """One ``FileTask`` per distinct sample of ``dataset`` (an mm dataset, wrappers included)."""
+    """One ``FileTask`` per distinct sample of ``dataset`` (an mm dataset, wrappers included) whose files are local
+    (a ``backend_args`` store's ``s3://...`` paths are read by its backend, not here)."""
+    while not hasattr(dataset, "get_data_info") and hasattr(dataset, "dataset"):  # e.g. MultiImageMixDataset
+        dataset = dataset.dataset
     classes = (getattr(dataset, "metainfo", None) or {}).get("classes")
     seg_classes = len(classes) if classes is not None and hasattr(dataset, "ignore_index") else None
     tasks = {}
@@ -92,7 +95,8 @@ def _tasks(dataset) -> list[FileTask]:
             reduce_zero_label=bool(info.get("reduce_zero_label")),
             label_map=info.get("label_map"),
         )
-        tasks.setdefault((task.img, task.seg), task)
+        if "://" not in task.img + str(task.seg):
+            tasks.setdefault((task.img, task.seg), task)
     return list(tasks.values())
 
 
