@@ -86,7 +86,7 @@ def test_every_bad_coco_entry_is_named_in_one_run_and_the_status_is_1(bad_coco, 
     assert f"{len(expected)} problem(s)" in stdout
 
 
-def test_train_check_data_stops_before_training_naming_the_problems(bad_coco, tmp_path):
+def test_train_check_data_stops_before_training_naming_the_problems(bad_coco, tmp_path, log_lines):
     root, expected = bad_coco
     work = tmp_path / "work"
     with pytest.raises(DataError, match=rf"--check-data found {len(expected)} problem\(s\).*data_errors='skip'"):
@@ -95,6 +95,7 @@ def test_train_check_data_stops_before_training_naming_the_problems(bad_coco, tm
         )
     assert len(json.loads((work / "check_data.json").read_text())["problems"]) == len(expected)
     assert not list(work.glob("*.ckpt"))
+    assert [line for line in log_lines if line.startswith("--check-data: ")][-1].endswith(f"{len(expected)} problem(s)")
 
 
 def test_bad_label_maps_are_named_and_the_clean_sets_pass(tiny_data, tmp_path):

@@ -13,6 +13,7 @@ dataset as an earlier one (``test_dataloader = val_dataloader``) is read once.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import time
 from typing import Any
@@ -193,6 +194,7 @@ def check_before_training(cfg, scope: str, report_path: str, workers: int = 2) -
     from backbones.atomic import write_json
 
     report = scan(cfg, scope, workers=workers)
+    logging.getLogger("lightning.pytorch").info("--check-data: %s", summary(report)[-1])
     if report["problems"]:
         write_json(report_path, report)
         lines = summary(report, limit=5)
