@@ -52,7 +52,7 @@ def bad_coco(tiny_data, tmp_path):
     ]
     ann_file.write_text(json.dumps(ann))
     expected = {
-        train[0].name: "truncated",
+        train[0].name: "corrupt or truncated: image file is truncated",  # the draft-mode decode found it
         train[1].name: "empty: the file has 0 bytes",
         train[2].name: "missing: the file does not exist",
         img2["file_name"]: "not an image",
