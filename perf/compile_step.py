@@ -63,7 +63,7 @@ def run_target(cfg, target: str, batches: list, backend: str) -> list[float]:
 
 def main(argv=None) -> None:
     """Print the rounds' first-step and steady-step times and their ratios to eager."""
-    from tasks.config import add_cfg_options, load_config
+    from tasks.config.load import add_cfg_options, load_config
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config")

@@ -100,7 +100,7 @@ def _write_checkpoint(config: str, path: str, options: list[str]) -> None:
     import torch
 
     from tasks import build_task
-    from tasks.config import load_config, parse_cfg_options
+    from tasks.config.load import load_config, parse_cfg_options
 
     cfg = load_config(config, parse_cfg_options(options))
     torch.manual_seed(0)

@@ -92,7 +92,7 @@ def default_shape(cfg) -> tuple[int, int]:
 def build_model(config: str, cfg_options: dict | None = None):
     """The config's mm model, built as tasks/ builds it (random weights: counts do not depend on them)."""
     from tasks import build_task
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     return build_task(load_config(config, cfg_options), init_weights=False)[0].model.eval()
 
@@ -132,7 +132,7 @@ def model_flops(config: str, shape: tuple[int, int] | None = None, cfg_options: 
     """``{"gflops": GMACs, "params_m": M, "parts": {part: GMACs}, "params_parts_m": {...}, "shape": [H, W]}`` of
     the config's model on one image of ``shape`` (default ``default_shape``), run as
     ``model(inputs, data_samples, mode='tensor')`` (mmdet / mmseg ``_forward``, as their own get_flops does)."""
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     cfg = load_config(config, cfg_options)
     shape = tuple(shape) if shape else default_shape(cfg)

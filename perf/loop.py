@@ -127,7 +127,7 @@ def _train_runner(config: str, work_dir: str, epochs: int, options: list[str]) -
     from mmengine.runner import Runner
 
     import backbones  # noqa: F401  (registers STViT / HAT-Net in mmdet's and mmseg's MODELS)
-    from tasks.config import load_config, parse_cfg_options
+    from tasks.config.load import load_config, parse_cfg_options
 
     class RunnerEpochMarks(Hook):
         """``mark`` after each training epoch, before the checkpoint hook (priority LOW, the CheckpointHook's

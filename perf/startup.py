@@ -96,7 +96,8 @@ def write_annotations(path: Path, n_images: int, n_anns: int, seed: int = 0) -> 
 
 def child(kind: str, config: str, data_root: str) -> None:
     """In a fresh process: build the train set one way; print time and peak memory as JSON."""
-    from tasks.config import load_config, register_scope
+    from tasks.config.load import load_config
+    from tasks.config.scopes import register_scope
     from tasks.data.module import MMDataModule
 
     cfg = load_config(config, {f"{s}_dataloader.dataset.data_root": data_root for s in ("train", "val", "test")})

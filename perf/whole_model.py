@@ -173,8 +173,8 @@ def build_subject(name: str, config: str, size, device: str, cfg_options=None, d
     from mmengine.logging import MMLogger
 
     from tasks import build_task
-    from tasks.config import load_config
-    from tasks.quiet import quiet_mm_console
+    from tasks.config.load import load_config
+    from tasks.runtime.quiet import quiet_mm_console
     from tasks.training.optim import build_optimizer
 
     # a new current logger at WARNING: mmengine's optimizer builder reports every parameter's options at INFO,
@@ -281,7 +281,7 @@ def benchmark(
         memory: measure peak memory (on CPU in a child process per model).
         cfg_options: overrides of ``config`` (not of the baseline's, whose test data is ours).
     """
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     cfg = load_config(config, cfg_options)
     size = tuple(size) if size else default_size(cfg)

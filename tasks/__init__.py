@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import package_configs, quiet
+from .config import packages
+from .runtime import quiet
 
-quiet.install()  # before any config is loaded or trainer built (tasks/quiet.py says what and why)
-package_configs.install()  # mmdet:: / mmseg:: paths: each package's model index read once per process
+quiet.install()  # before any config is loaded or trainer built (tasks/runtime/quiet.py says what and why)
+packages.install()  # mmdet:: / mmseg:: paths: each package's model index read once per process
 
 if TYPE_CHECKING:
     import lightning as L
@@ -19,10 +20,10 @@ if TYPE_CHECKING:
 
 
 def build_task(cfg: Config, init_weights: bool = True) -> tuple[L.LightningModule, L.LightningDataModule]:
-    """Return ``(LightningModule, LightningDataModule)`` for an mmengine config (see tasks/config.py).
+    """Return ``(LightningModule, LightningDataModule)`` for an mmengine config (see tasks/config/load.py).
 
     Args:
-        cfg: the loaded config (``tasks.config.load_config``); its ``default_scope`` picks the task.
+        cfg: the loaded config (``tasks.config.load.load_config``); its ``default_scope`` picks the task.
         init_weights: run the model's ``init_weights()`` (pretrained backbone included); False when a
             checkpoint will overwrite every weight.
     """

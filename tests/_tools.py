@@ -28,9 +28,9 @@ IMAGE_INFO = "annotations/image_info_test.json"  # tiny COCO's val images withou
 @contextlib.contextmanager
 def warnings_as_errors():
     """Every warning a user would see on the console is an error inside, except the dependencies' warnings that
-    tasks/quiet.py filters by message and module. Python's default filters hide deprecations raised inside
+    tasks/runtime/quiet.py filters by message and module. Python's default filters hide deprecations raised inside
     libraries (and so from users); they stay hidden here."""
-    from tasks import quiet
+    from tasks.runtime import quiet
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -59,7 +59,7 @@ def flat_metrics(metrics: dict) -> dict:
 
 def load_cfg(config, opts):
     """The config as tools/test.py reads it with ``--cfg-options *opts``."""
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     return load_config(config, load_tool("test").parse_args([config, "ckpt", "--cfg-options", *opts]).cfg_options)
 

@@ -9,7 +9,7 @@ import lightning as L
 import pytest
 import torch
 
-from tasks.config import load_config
+from tasks.config.load import load_config
 from tasks.training.optim import build_schedulers
 from tasks.training.trainer import trainer_kwargs
 from tests._runs import seg_opts

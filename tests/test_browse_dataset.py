@@ -6,7 +6,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from tasks.config import load_config, parse_cfg_options
+from tasks.config.load import load_config, parse_cfg_options
 from tasks.data.module import MMDataModule
 from tasks.figures.browse import annotations_first, browse_dataset, packed_image
 from tests._tools import DET_CFG, SEG_CFG, load_tool

@@ -1,4 +1,4 @@
-"""Every key of a config is honoured or refused: the key table (tasks/config_key_table.py) covers every key of
+"""Every key of a config is honoured or refused: the key table (tasks/config/key_table.py) covers every key of
 mmdet's and mmseg's installed base configs and of ours, tools/train.py stops on a misspelt key naming the
 closest valid one, ignored keys log one line only when set away from mm's defaults, docs/config_keys.md is the
 table's rendering, and the config's ``compile`` trains like the eager model."""
@@ -14,8 +14,8 @@ import pytest
 from mmengine.config import Config
 
 import backbones
-from tasks.config import load_config
-from tasks.config_keys import SECTIONS, _scheduler_args, check_keys, keys_of, markdown
+from tasks.config.keys import SECTIONS, _scheduler_args, check_keys, keys_of, markdown
+from tasks.config.load import load_config
 from tasks.training.compile import compile_options
 from tasks.training.trainer import trainer_kwargs
 from tests._runs import seg_opts
@@ -52,7 +52,7 @@ def test_the_table_covers_every_key_of_mm_bases_and_of_our_configs():
 
 def test_the_docs_page_is_the_tables_rendering():
     with open(osp.join(REPO, "docs", "config_keys.md")) as f:
-        assert f.read() == markdown(), "regenerate it: python -m tasks.config_keys --markdown > docs/config_keys.md"
+        assert f.read() == markdown(), "regenerate it: python -m tasks.config.keys --markdown > docs/config_keys.md"
 
 
 @pytest.mark.parametrize(
@@ -180,7 +180,7 @@ def test_a_dict_value_on_the_command_line_names_the_dotted_keys(option, capsys):
 
 
 def test_values_with_braces_still_parse():
-    from tasks.config import parse_cfg_options
+    from tasks.config.load import parse_cfg_options
 
     assert parse_cfg_options(["checkpoint_callback.filename=best_{epoch}", "x=[1,2]"]) == {
         "checkpoint_callback.filename": "best_{epoch}",

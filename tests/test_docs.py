@@ -71,7 +71,7 @@ PACKAGES = ("backbones", "tasks", "perf")
 PLACEHOLDER = re.compile(r"[<>*{}$]")  # backbones/<family>.py, docs/benchmarks/*.md, $OUT/...: not one file
 COMMANDS = re.compile(r"^```(?:bash|python)$(.*?)^```", re.M | re.S)  # not an untagged block: a sample text
 FILE_NAME = re.compile(r"[\w.-]+\.(?:py|md|sh|cfg|toml)")
-# `backbones.create`, `tasks.config.ConfigError`, `_ops.attention` (a private module of backbones/)
+# `backbones.create`, `tasks.config.keys.ConfigError`, `_ops.attention` (a private module of backbones/)
 PYTHON_NAME = re.compile(r"(?:backbones|tasks|perf|_[a-z]\w*)(?:\.\w+)+")
 
 
@@ -187,7 +187,7 @@ def test_citation_checker_sees_paths_names_and_misses():
     checked = sum(missing_citations(p.read_text())[0] for p in CITING)
     assert checked > 300, f"only {checked} citations found: the parser no longer reads the pages"
     sample = (
-        "`tools/train.py`, `tools/nope.py`, `backbones.create`, `backbones.nope`, `tasks.config.ConfigError`, "
+        "`tools/train.py`, `tools/nope.py`, `backbones.create`, `backbones.nope`, `tasks.config.keys.ConfigError`, "
         "`_ops.attention`, `_ops.row_local`, `stvit.py`, `nope.py`, mmdet's `analyze_results.py`, "
         "`tests/_tools.load_tool`, `_base_.pop`, `work_dirs/x.pth`, `backbones/<family>.py`\n"
         "```bash\npython tools/gone.py\n```\n"

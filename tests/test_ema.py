@@ -296,7 +296,7 @@ def test_training_saves_the_average_of_the_raw_weights(ema_run):
 def _model_from(work):
     """The mm segmentor of the run's config, built without weights."""
     from tasks import build_task
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     module, _ = build_task(load_config(str(work / "upernet_ema.py")), init_weights=False)
     return module.model

@@ -26,7 +26,7 @@ export_backbone_tool, export_model_tool = load_tool("export_backbone"), load_too
 
 def _lightning_module(config, ckpt):
     from tasks import build_task
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     module, datamodule = build_task(load_config(config), init_weights=False)
     module.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"])
@@ -50,7 +50,7 @@ def det_exports(det_run, tmp_path_factory):
 def test_exports_load_through_init_cfg_with_identical_outputs(det_run, det_exports):
     from mmdet.registry import MODELS
 
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     ckpt, config, metrics = det_run.ckpt, det_run.config, det_run.metrics
     paths, metas = det_exports

@@ -41,7 +41,7 @@ def _backbone_alone(config, shape):
     explicit matmuls), the plain path."""
     from backbones import fast_paths
     from tasks import build_task
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     backbone = build_task(load_config(config), init_weights=False)[0].model.backbone.eval()
     with fast_paths(False), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as c:
@@ -72,7 +72,7 @@ def test_get_flops_parts_and_backbone(config, shape, parts, tmp_path, capsys):
 
 
 def test_default_shapes_and_bad_shape():
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     assert flops.default_shape(load_config(DET_CFG)) == (800, 1280)
     assert flops.default_shape(load_config(SEG_CFG)) == (512, 512)

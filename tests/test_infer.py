@@ -29,7 +29,7 @@ def _outputs(out_dir):
 def test_detection_equals_det_inferencer_on_the_exported_model(det_run, tiny_data, tmp_path):
     from mmdet.apis import DetInferencer
 
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     ckpt, config = det_run.ckpt, det_run.config
     folder = str(tiny_data / "tiny_coco" / "val2017")  # held out: not trained on

@@ -37,7 +37,7 @@ def test_build_from_registry_with_pretrained(tmp_path, registry, type_, cls, arc
 )
 def test_scoped_type_names_build_in_their_library(scope, type_, cls, arch):
     # type='mmdet.STViT' (mm's cross-library form) searches mmdet's registry alone, not the root one
-    from tasks.scopes import register_scope
+    from tasks.config.scopes import register_scope
 
     register_scope(scope)
     MODELS = __import__(f"{scope}.registry", fromlist=["MODELS"]).MODELS

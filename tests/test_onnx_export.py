@@ -57,7 +57,7 @@ def test_selected_stages_only(tmp_path):
 def test_export_backbone_tool_writes_onnx_from_a_checkpoint(tmp_path):
     """tools/export_backbone.py CKPT --format onnx --out FILE.onnx on an mm-format checkpoint of the demo
     detector's backbone: the graph computes that backbone, and carries the export's meta."""
-    from tasks.config import load_config
+    from tasks.config.load import load_config
     from tasks.deploy.export import backbone_config, build_backbone
 
     family, bcfg = backbone_config(load_config(DET_CFG))

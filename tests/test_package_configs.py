@@ -1,4 +1,4 @@
-"""tasks/package_configs.py: ``mmdet::`` / ``mmseg::`` config paths resolve as with mmengine's own lookup, with
+"""tasks/config/packages.py: ``mmdet::`` / ``mmseg::`` config paths resolve as with mmengine's own lookup, with
 each package's model index read once per process."""
 
 import os.path as osp
@@ -8,7 +8,7 @@ from mmengine.config import Config
 from mmengine.config import config as config_module
 from mmengine.config import utils as config_utils
 
-from tasks import package_configs
+from tasks.config import packages as package_configs
 from tests._tools import DET_CFG, REPO, SEG_CFG
 
 # one config per kind of path: mmdet's and mmseg's own configs, and mmseg's _base_ files (four of them)

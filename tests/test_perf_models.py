@@ -58,7 +58,7 @@ def test_mmdet_swin_t_leaves_the_default_scope_as_it_was():
     pytest.importorskip("mmdet")
     from mmengine.registry import DefaultScope
 
-    from tasks.config import register_scope
+    from tasks.config.scopes import register_scope
 
     register_scope("mmseg")
     with warnings.catch_warnings():

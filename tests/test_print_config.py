@@ -9,7 +9,8 @@ import pytest
 from mmengine.config import Config
 from PIL import Image
 
-from tasks.config import ConfigError, load_config
+from tasks.config.keys import ConfigError
+from tasks.config.load import load_config
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 
 
@@ -27,7 +28,7 @@ def test_print_config_resolves_bases_and_overrides(capsys):
 
 def test_print_config_starts_without_lightning_and_prints_its_notes():
     # reading a config needs no trainer: tools/print_config.py does not import Lightning (about 8 s of start-up
-    # on 2 cores), and the notes on ignored keys still reach the console (tasks/rank_zero.py)
+    # on 2 cores), and the notes on ignored keys still reach the console (tasks/runtime/rank_zero.py)
     code = (
         "import runpy, sys\n"
         f"sys.argv = ['print_config.py', {DET_CFG!r}, '--cfg-options', 'default_hooks.logger.interval=10']\n"

@@ -165,7 +165,7 @@ def test_parameter_groups(path):
     level embeddings where mm's config says so; full decay elsewhere. Built with the shrunk backbone, layer scale
     on (gammas exist)."""
     from tasks import build_task
-    from tasks.config import load_config, parse_cfg_options
+    from tasks.config.load import load_config, parse_cfg_options
     from tasks.training.optim import build_optimizer
 
     arch = architecture(path)

@@ -120,7 +120,7 @@ def coco(tmp_path):
 
 
 def _datamodule(cfg_path, root, scope):
-    from tasks.config import load_config
+    from tasks.config.load import load_config
     from tasks.data.module import MMDataModule
 
     opts = {f"{s}_dataloader.dataset.data_root": f"{root}/" for s in ("train", "val", "test")}
@@ -259,7 +259,7 @@ def test_coco_without_any_config_class_names_classes_file_and_override(coco, tmp
     "need at least one array to concatenate"); the error comes at dataset build, and its override works."""
     import shlex
 
-    from tasks.config import load_config
+    from tasks.config.load import load_config
     from tasks.data.checks import DataError
     from tasks.data.module import MMDataModule
 
@@ -312,7 +312,7 @@ def test_coco_images_without_objects_are_skipped_and_logged(coco, caplog):
 # --- bad configs --------------------------------------------------------------------------------------------
 def test_misspelt_backbone_type_suggests_the_registered_name():
     from tasks import build_task
-    from tasks.config import load_config
+    from tasks.config.load import load_config
 
     with pytest.raises(KeyError, match=r"unknown type 'STVit'.*Did you mean 'STViT'"):
         build_task(load_config(DET_CFG, {"model.backbone.type": "STVit"}))
@@ -331,7 +331,7 @@ def test_detector_head_classes_other_than_the_datasets_are_an_error(data_opts, t
 
 
 def test_unknown_trainer_key_lists_valid_ones():
-    from tasks.config import load_config
+    from tasks.config.load import load_config
     from tasks.training.trainer import trainer_kwargs
 
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_epoch'\]. Valid keys: .*max_epochs"):
@@ -339,7 +339,7 @@ def test_unknown_trainer_key_lists_valid_ones():
 
 
 def test_cfg_options_are_literals_never_code(tmp_path):
-    from tasks.config import load_config
+    from tasks.config.load import load_config
     from tasks.training.trainer import trainer_kwargs
 
     marker = tmp_path / "pwned"
@@ -416,7 +416,7 @@ def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
 
     from backbones.pretrained import CheckpointError
     from tasks import build_task
-    from tasks.config import load_config
+    from tasks.config.load import load_config
     from tasks.deploy.export import export_backbone
     from tasks.training.checkpoint_io import apply_load_from
 

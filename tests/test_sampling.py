@@ -26,7 +26,7 @@ def coco(tmp_path_factory):
 
 
 def datamodule(root, cfg_path=PAPER_CFG, **extra):
-    from tasks.config import load_config
+    from tasks.config.load import load_config
     from tasks.data.module import MMDataModule
 
     opts = {}

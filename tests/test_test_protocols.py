@@ -16,7 +16,7 @@ from mmengine.config import ConfigDict
 from PIL import Image
 
 from tasks import build_task
-from tasks.config import register_scope
+from tasks.config.scopes import register_scope
 from tasks.evaluation.tta import enable_tta
 from tests._tools import DET_CFG, IMAGE_INFO, REPO, SEG_CFG, load_cfg, load_tool, random_checkpoint
 

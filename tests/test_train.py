@@ -190,7 +190,7 @@ def test_missing_data_root_names_path_and_fix(tmp_path):
 def test_trainer_section_validated_and_mapped():
     from lightning.pytorch.strategies import DDPStrategy
 
-    from tasks.config import load_config
+    from tasks.config.load import load_config
     from tasks.training.trainer import trainer_kwargs
 
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_epoch'\].*max_epochs"):
@@ -203,7 +203,7 @@ def test_trainer_section_validated_and_mapped():
 
 def test_paramwise_no_decay_and_preprocessor_device(tiny_data):
     from tasks import build_task
-    from tasks.config import load_config
+    from tasks.config.load import load_config
     from tasks.training.optim import build_optimizer
 
     cfg = load_config(DET_CFG, {"train_dataloader.dataset.data_root": f"{tiny_data}/tiny_coco/"})

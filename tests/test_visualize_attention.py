@@ -283,7 +283,8 @@ def test_tool_draws_hatnet_attention_from_a_lightning_checkpoint(seg_run, pictur
 
 
 def test_the_input_is_the_test_pipelines_and_maps_go_back_to_original_pixels(picture):
-    from tasks.config import load_config, register_scope
+    from tasks.config.load import load_config
+    from tasks.config.scopes import register_scope
     from tasks.figures.attention import map_pixel, to_image
 
     cfg = load_config(DET_CFG)

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from backbones import CheckpointError, STViT, load_model_weights, load_pretrained
 from backbones.download import cache_path, fetch
-from tasks.config import load_config
+from tasks.config.load import load_config
 from tests._tools import DET_CFG, STVIT_T, load_tool
 
 # --- URLs --------------------------------------------------------------------------------------------------

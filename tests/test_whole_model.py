@@ -9,7 +9,7 @@ import os
 import pytest
 
 from perf.whole_model import baseline_config, default_size, keep_max_detections
-from tasks.config import load_config
+from tasks.config.load import load_config
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
 

@@ -34,7 +34,7 @@ from perf.speed import run, speed_table
 from perf.variants import throughput_table, variants_table
 from perf.whole_model import benchmark as whole_model
 from perf.whole_model_report import table as whole_model_table
-from tasks.config import add_cfg_options
+from tasks.config.load import add_cfg_options
 
 
 def print_rows(rows):

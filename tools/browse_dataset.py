@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 
 from backbones.atomic import OutputError, check_writable
-from tasks.config import ConfigError, add_cfg_options, load_config
+from tasks.config.keys import ConfigError
+from tasks.config.load import add_cfg_options, load_config
 from tasks.data.checks import DataError, DataPathError
 from tasks.figures.browse import PHASES, browse_dataset
 

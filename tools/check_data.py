@@ -18,7 +18,8 @@ import os
 import sys
 
 from backbones.atomic import OutputError, check_writable, write_json
-from tasks.config import ConfigError, add_cfg_options, load_config
+from tasks.config.keys import ConfigError
+from tasks.config.load import add_cfg_options, load_config
 from tasks.data.scan import SPLITS, scan, summary
 
 

@@ -32,7 +32,8 @@ import os.path as osp
 from backbones.atomic import OutputError, check_writable
 from perf.flops import model_flops
 from perf.report import write_json
-from tasks.config import ConfigError, add_cfg_options, check_config_path
+from tasks.config.keys import ConfigError
+from tasks.config.load import add_cfg_options, check_config_path
 
 
 def parse_args(argv=None) -> argparse.Namespace:

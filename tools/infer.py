@@ -20,7 +20,8 @@ import sys
 
 from backbones.atomic import OutputError
 from backbones.pretrained import CheckpointError
-from tasks.config import ConfigError, add_cfg_options, torch_device
+from tasks.config.keys import ConfigError
+from tasks.config.load import add_cfg_options, torch_device
 from tasks.deploy.inference import InputError, run_inference
 
 

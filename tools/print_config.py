@@ -3,7 +3,7 @@
 
   python tools/print_config.py CONFIG [--cfg-options KEY=VALUE ...]
 
-The config is read by ``tasks.config.load_config``, as tools/train.py and tools/test.py read it: the ``_base_`` /
+The config is read by ``tasks.config.load.load_config``, as tools/train.py and tools/test.py read it: the ``_base_`` /
 ``mmdet::`` / ``mmseg::`` inheritance resolved and the ``--cfg-options`` overrides applied.
 """
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from tasks.config import ConfigError, add_cfg_options, load_config
+from tasks.config.keys import ConfigError
+from tasks.config.load import add_cfg_options, load_config
 
 
 def resolved_text(config: str, cfg_options: dict | None = None) -> str:

@@ -38,7 +38,8 @@ from backbones.atomic import OutputError, check_writable
 from backbones.errors import CheckpointError
 from backbones.weights import check_checkpoint_path, load_state_dict_checked
 from tasks import build_task
-from tasks.config import ConfigError, add_cfg_options, default_work_dir, load_config
+from tasks.config.keys import ConfigError
+from tasks.config.load import add_cfg_options, default_work_dir, load_config
 from tasks.data.checks import DataError, DataPathError
 from tasks.data.module import without_annotation_loading
 from tasks.deploy.checkpoints import read_training_checkpoint

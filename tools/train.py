@@ -41,10 +41,11 @@ from mmengine.logging import MMLogger
 from backbones.atomic import OutputError, write_text
 from backbones.errors import CheckpointError
 from tasks import build_task
-from tasks.config import ConfigError, add_cfg_options, config_text, default_work_dir, load_config
+from tasks.config.keys import ConfigError
+from tasks.config.load import add_cfg_options, config_text, default_work_dir, load_config
 from tasks.data.checks import DataError, DataPathError
 from tasks.data.scan import check_before_training
-from tasks.quiet import quiet_mm_console
+from tasks.runtime.quiet import quiet_mm_console
 from tasks.training.checkpoint_io import apply_load_from, write_json
 from tasks.training.disk_space import DiskFullError
 from tasks.training.optim import enable_auto_scale_lr

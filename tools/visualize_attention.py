@@ -35,14 +35,9 @@ import torch
 from backbones import FAMILIES, CheckpointError, family_of, load_pretrained
 from backbones.atomic import OutputError, check_writable
 from backbones.attention_maps import last_blocks, record_attention
-from tasks.config import (
-    ConfigError,
-    add_cfg_options,
-    build_from_registry,
-    load_config,
-    register_scope,
-    torch_device,
-)
+from tasks.config.keys import ConfigError
+from tasks.config.load import add_cfg_options, build_from_registry, load_config, torch_device
+from tasks.config.scopes import register_scope
 from tasks.figures.attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
 
 # a family's picture kind (``Family.picture``) -> the file name suffix of its picture

@@ -29,7 +29,7 @@ from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
 from torch.utils.data import DataLoader, Dataset
 
-from ..config import register_scope
+from ..config.scopes import register_scope
 from .checks import CheckedDataset, build_dataset, check_dataset_paths
 from .sampling import ResumableBatchSampler, ResumableDataLoader, ResumableSampler, SeededDataset, build_batch_sampler
 from .skipping import SkippingDataset, data_error_policy

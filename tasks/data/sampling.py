@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 import numpy as np
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
-from ..config_keys import ConfigError
+from ..config.keys import ConfigError
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -66,7 +66,7 @@ def build_batch_sampler(spec: dict | None, batch_size: int, drop_last: bool) -> 
         return lambda sampler: BatchSampler(sampler, batch_size, drop_last)
     from mmengine.registry import DATA_SAMPLERS  # the default scope routes to mmdet's registry
 
-    from ..config import build_from_registry
+    from ..config.load import build_from_registry
 
     def build(sampler):
         cfg = dict(spec)

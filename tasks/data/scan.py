@@ -18,7 +18,7 @@ import multiprocessing
 import time
 from typing import Any
 
-from ..config import register_scope
+from ..config.scopes import register_scope
 from .checks import DataError, DataPathError, build_dataset, check_dataset_paths
 from .file_checks import FileTask, check_files
 

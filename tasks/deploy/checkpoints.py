@@ -17,7 +17,7 @@ from mmengine.config import Config
 from backbones.export import ExportError, plain_meta
 from backbones.weights import CheckpointError, check_checkpoint_path, model_state_dict, read_checkpoint
 
-from ..config import config_text
+from ..config.load import config_text
 
 # Where a Lightning checkpoint may carry the training config (text or plain dict) and the metrics.
 _CONFIG_KEYS = ("mm_config", "cfg", "config")
@@ -203,7 +203,7 @@ def config_from_text(text: str, source: str) -> dict:
     but plain literals (calls, imports, expressions) is refused and the user is asked for ``--config``.
 
     Args:
-        text: the stored config (``tasks.config.config_text`` wrote it).
+        text: the stored config (``tasks.config.load.config_text`` wrote it).
         source: the checkpoint it comes from, for the error message.
     """
     try:

@@ -30,7 +30,7 @@ from backbones.export import (
 from backbones.families import FAMILIES, by_type_name, get
 from backbones.pretrained import CheckpointError, detect_family, state_dict_diff
 
-from ..config import register_scope
+from ..config.scopes import register_scope
 from .checkpoints import TrainingCheckpoint, config_from_text, read_training_checkpoint, resolve_config  # noqa: F401
 
 # meta ``weights`` -> what the tools print

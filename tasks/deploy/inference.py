@@ -40,7 +40,8 @@ from backbones.atomic import atomic_write, check_writable
 from backbones.pretrained import load_pretrained
 from backbones.weights import CheckpointError, check_checkpoint_path, load_state_dict_checked
 
-from ..config import check_config_path, load_config, register_scope
+from ..config.load import check_config_path, load_config
+from ..config.scopes import register_scope
 from ..data.module import without_annotation_loading
 from ..figures.predictions import drawable_detections, drawable_segmentation
 from .checkpoints import read_training_checkpoint

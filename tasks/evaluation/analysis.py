@@ -54,7 +54,8 @@ def config_scope(config: str) -> str:
     config file or a config of neither library."""
     from mmengine.config import Config
 
-    from ..config import ConfigError, check_config_path
+    from ..config.keys import ConfigError
+    from ..config.load import check_config_path
 
     check_config_path(config)
     scope = Config.fromfile(config).get("default_scope")

@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..config import build_from_registry
-from ..quiet import no_metric_prefix_notes
+from ..config.load import build_from_registry
+from ..runtime.quiet import no_metric_prefix_notes
 
 
 def metrics_registry(scope: str):

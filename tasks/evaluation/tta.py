@@ -7,7 +7,7 @@ from __future__ import annotations
 from mmengine.config import Config
 from torch import nn
 
-from ..config import build_from_registry
+from ..config.load import build_from_registry
 
 
 class TTAPredictor:

@@ -24,7 +24,7 @@ from mmengine.config import Config
 
 from backbones.atomic import atomic_write
 
-from ..config import register_scope
+from ..config.scopes import register_scope
 from ..data.module import MMDataModule
 
 PHASES = ("train", "val", "test")
@@ -79,7 +79,7 @@ def browse_dataset(
     """Draw the first ``n`` images of a split after its pipeline, with their annotations, into ``out_dir``.
 
     Args:
-        cfg: the loaded config (``tasks.config.load_config``); its ``{phase}_dataloader.dataset`` is browsed.
+        cfg: the loaded config (``tasks.config.load.load_config``); its ``{phase}_dataloader.dataset`` is browsed.
         out_dir: the folder for the PNGs (created); each is named after its image file (``<stem>.png``).
         phase: ``'train'`` (the training pipeline: random flips and crops as in training), ``'val'`` or ``'test'``.
         n: how many images (default: all of the split).

@@ -28,7 +28,8 @@ from mmengine.registry import Registry
 from torch.optim import Optimizer
 from torchmetrics import Metric
 
-from ..config import build_from_registry, config_text, register_scope
+from ..config.load import build_from_registry, config_text
+from ..config.scopes import register_scope
 from ..evaluation.select import build_evaluators, check_monitor
 from ..evaluation.tta import TTAPredictor
 from .checkpoint_io import check_resumed_weights

@@ -25,7 +25,7 @@ from mmengine.registry import PARAM_SCHEDULERS
 from torch import nn
 from torch.optim import Optimizer
 
-from ..rank_zero import rank_zero_info
+from ..runtime.rank_zero import rank_zero_info
 
 # OptimWrapper keys that Lightning handles (see tasks/training/trainer.py), dropped before mmengine builds it.
 _LIGHTNING_OWNED = ("clip_grad", "accumulative_counts", "loss_scale", "dtype", "use_fsdp")

@@ -39,7 +39,7 @@ import lightning as L
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from mmengine.config import Config
 
-from ..config import config_text
+from ..config.load import config_text
 
 # type -> (class, optional package it needs, the extra that installs it)
 TRACKERS = {

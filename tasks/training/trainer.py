@@ -45,7 +45,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressB
 from lightning.pytorch.strategies import FSDPStrategy
 from mmengine.config import Config
 
-from ..config_keys import ConfigError
+from ..config.keys import ConfigError
 from ..data.skipping import data_error_callbacks
 from .callbacks import FiniteWeightsGuard, RNGStates, SyncBuffers
 from .checkpoint_io import AtomicCheckpointIO

@@ -1,5 +1,5 @@
-"""Every key of a config is honoured or refused: the check of ``tasks.config.load_config`` over the key table
-(tasks/config_key_table.py), and the table rendered as docs/config_keys.md.
+"""Every key of a config is honoured or refused: the check of ``tasks.config.load.load_config`` over the key table
+(tasks/config/key_table.py), and the table rendered as docs/config_keys.md.
 
 An mm config moved here must mean what it meant under mmengine's Runner, so a key nobody reads cannot pass in
 silence: an unknown key stops the run naming it, the file and the closest valid keys (a misspelt
@@ -8,7 +8,7 @@ alternative; a key ignored on purpose logs one line (rank zero, through Lightnin
 differs from what mm's base configs give it, so that inheriting them prints nothing. A top-level name starting
 with one underscore (``_my_scale``) is the user's own config variable: mmengine keeps it, nothing reads it.
 
-    python -m tasks.config_keys --markdown   # prints docs/config_keys.md
+    python -m tasks.config.keys --markdown   # prints docs/config_keys.md
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import difflib
 import inspect
 from collections.abc import Iterator, Mapping
 
-from .config_key_table import ANY, HONOURED, IGNORED, KEYS, REFUSED, VARIABLE, Key
-from .rank_zero import rank_zero_info
+from ..runtime.rank_zero import rank_zero_info
+from .key_table import ANY, HONOURED, IGNORED, KEYS, REFUSED, VARIABLE, Key
 
 
 class ConfigError(ValueError):
@@ -225,7 +225,7 @@ def markdown() -> str:
         "",
         "What this project does with each key of an mmdet / mmseg config: the keys that mmdet 3.3's and mmseg "
         "1.2's base configs and this project's configs use. Every key read when a config is loaded "
-        "(`tasks.config.load_config`, so by every tool) is one of these:",
+        "(`tasks.config.load.load_config`, so by every tool) is one of these:",
         "",
         f"- **{HONOURED}**: mapped to what the note says;",
         f"- **{REFUSED}**: stops the run with the alternative (the values in *quiet* pass: mm's own defaults);",
@@ -241,8 +241,8 @@ def markdown() -> str:
         "scheduler class's arguments) stop the run too, and so do those of `optim_wrapper.paramwise_cfg` under "
         "mmengine's default constructor (what it reads: `custom_keys` with `lr_mult` / `decay_mult`, "
         "`bias_lr_mult`, `bias_decay_mult`, `norm_decay_mult`, `dwconv_decay_mult`, `flat_decay_mult`, "
-        "`bypass_duplicate`, `dcn_offset_lr_mult`). The table is `tasks/config_key_table.py`; this page is "
-        "its rendering (`python -m tasks.config_keys --markdown`).",
+        "`bypass_duplicate`, `dcn_offset_lr_mult`). The table is `tasks/config/key_table.py`; this page is "
+        "its rendering (`python -m tasks.config.keys --markdown`).",
     ]
     titles = {"": "Top level", **{s: f"`{s}`" for s in SECTIONS}, "*": "Every section"}
     for section, title in titles.items():
@@ -263,7 +263,7 @@ def _quiet_text(key: Key) -> str:
 
 
 def main(argv=None) -> None:
-    """``python -m tasks.config_keys --markdown``: print docs/config_keys.md."""
+    """``python -m tasks.config.keys --markdown``: print docs/config_keys.md."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--markdown", action="store_true", help="print the key table as docs/config_keys.md")
     args = parser.parse_args(argv)

@@ -15,8 +15,8 @@ from typing import Any
 from mmengine.config import Config, DictAction
 from mmengine.registry import Registry
 
-from .config_keys import ConfigError, check_keys  # noqa: F401 - ConfigError: imported from here by the tools
-from .scopes import SCOPES, register_scope  # noqa: F401 - register_scope: imported from here by the rooms
+from .keys import ConfigError, check_keys
+from .scopes import SCOPES
 
 CFG_OPTIONS_HELP = "override config keys (values parsed as literals)"
 CONFIG_SUFFIXES = (".py", ".json", ".yaml", ".yml")  # what mmengine's Config.fromfile reads
@@ -116,7 +116,7 @@ def parse_cfg_options(options: list[str]) -> dict:
 def load_config(path: str | os.PathLike, cfg_options: dict | None = None, *, training: bool = True) -> Config:
     """Read an mmengine config (``_base_`` / ``mmdet::`` inheritance, ``custom_imports``), apply
     ``--cfg-options`` overrides (already parsed to literals by mmengine's ``DictAction``) and check its keys
-    against the key table (``tasks.config_keys.check_keys``: unknown and refused keys raise a ValueError). A path
+    against the key table (``tasks.config.keys.check_keys``: unknown and refused keys raise a ValueError). A path
     that is not a config file, or a config of neither task, raises a ``ConfigError``.
 
     Args:

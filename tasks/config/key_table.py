@@ -1,5 +1,5 @@
 """The key table: what this project does with each key of an mmdet / mmseg config (data only; the check and the
-rendering are tasks/config_keys.py's).
+rendering are tasks/config/keys.py's).
 
 One ``Key`` per key: its section (``""`` for the top level), its status and what it maps to or why. ``quiet``
 holds the values that pass without a word for an *ignored* or *refused* key: mm's own defaults and the values
