@@ -64,7 +64,7 @@ class Family:
         official: how to run its official code (``perf.official``); None: no official code known.
         options: constructor arguments of its own that the measuring tools pass through (``'stoken_size'``).
         head_cost: ``head_cost(channels) -> (params, MACs at 224x224)`` of the official classification head that
-            the backbone leaves out (``perf.variants``); None: no head.
+            the backbone leaves out (``perf.backbone.variants``); None: no head.
     """
 
     name: str

@@ -8,7 +8,7 @@ import math
 import pytest
 
 import backbones
-from perf import scaling, speed, variants
+from perf.backbone import scaling, speed, variants
 from perf.memory import peak_memory_gib
 from perf.models import BASELINES, Setting, model_and_input
 from perf.timing import compiled

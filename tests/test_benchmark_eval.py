@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from perf import coco_eval
+from perf.coco import compare as coco_eval
 from tests._tools import load_tool
 
 bench = load_tool("benchmark_eval")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from perf.startup import COCO_IDS
+from perf.training.startup import COCO_IDS
 from tests._tools import load_tool
 
 bench = load_tool("benchmark_startup")

@@ -9,7 +9,8 @@ import torch
 from mmengine.structures import PixelData
 from mmseg.structures import SegDataSample
 
-from perf import eval_path, eval_seg
+from perf.eval import path as eval_path
+from perf.eval import seg as eval_seg
 from tasks.evaluation.segmentation import SegmentationEvaluator
 
 MIB = 1 / 1024  # GiB
@@ -19,7 +20,7 @@ MIB = 1 / 1024  # GiB
 def test_segmentation_evaluator_memory_at_ade20k_size():
     # 40 maps of 512x683, 150 classes; the state is one 150x150 confusion matrix (176 KiB): ours grew by 4 MiB.
     # Updating with whole maps grew the process by 1.4 MiB per image (docs/evaluation.md), ~56 MiB here, as
-    # mmseg's IoUMetric (whole maps too) grows by 72 MiB on these images (perf.eval_seg's "mm").
+    # mmseg's IoUMetric (whole maps too) grows by 72 MiB on these images (perf.eval.seg's "mm").
     (ours,) = eval_seg.measure(images=40, rounds=1, batch=4, impls=("ours",))
     assert ours["loop_growth"] < 24 * MIB, ours
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from pycocotools import mask as mask_utils
 
-from perf.coco_eval import run_coco_metric, run_in_child
+from perf.coco.compare import run_coco_metric, run_in_child
 from tasks.evaluation.coco import DetectionEvaluator
 from tasks.evaluation.segmentation import SegmentationEvaluator
 from tests._tools import flat_metrics

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from perf.whole_model import baseline_config, default_size, keep_max_detections
+from perf.whole_model.subject import baseline_config, default_size, keep_max_detections
 from tasks.config.load import load_config
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 

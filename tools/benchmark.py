@@ -14,7 +14,7 @@ ratios are fair on a noisy shared machine. Peak memory: max RSS of a child proce
 model (CPU), or torch.cuda.max_memory_allocated (CUDA). GFLOPs are multiply-adds of one forward pass
 counted with torch.utils.flop_counter (matmuls, convolutions, attention).
 
---config times the config's whole detector / segmentor instead (perf/whole_model.py): inference images/s at batch
+--config times the config's whole detector / segmentor instead (perf/whole_model/bench.py): inference images/s at batch
 1 on a ready image of the config's test scale (or --size) and through the config's test dataloader, the training
 step (forward, backward, the config's optimizer step) and peak memory, next to mmdet's Swin-T Mask R-CNN or mmseg's
 Swin-T UPerNet on the same input, round-robin over --repeat rounds after --warmup; a table with ours / Swin-T.
@@ -27,19 +27,19 @@ import argparse
 
 import torch
 
+from perf.backbone.scaling import SCALING_SIZES, scaling, scaling_plot, scaling_tables
+from perf.backbone.speed import run, speed_table
+from perf.backbone.variants import throughput_table, variants_table
 from perf.models import BASELINES, FAMILIES, Setting
 from perf.report import write_json
-from perf.scaling import SCALING_SIZES, scaling, scaling_plot, scaling_tables
-from perf.speed import run, speed_table
-from perf.variants import throughput_table, variants_table
-from perf.whole_model import benchmark as whole_model
-from perf.whole_model_report import table as whole_model_table
+from perf.whole_model.bench import benchmark as whole_model
+from perf.whole_model.table import table as whole_model_table
 from tasks.config.load import add_cfg_options
 
 
 def print_rows(rows):
-    """The rows of ``perf.speed.run``, one line each: in train mode the step and its forward and backward halves
-    (timed apart), and each ratio of ours against the reference and Swin-T (above 1: ours faster)."""
+    """The rows of ``perf.backbone.speed.run``, one line each: in train mode the step and its forward and backward
+    halves (timed apart), and each ratio of ours against the reference and Swin-T (above 1: ours faster)."""
     train = rows[0]["forward_seconds"] is not None
     swin = next((r for r in rows if r["model"] == "swin-t"), None)
     hdr = (

@@ -21,7 +21,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from perf.data_scan import make_coco_set, time_check_data
+from perf.training.data_scan import make_coco_set, time_check_data
 
 
 def main(argv=None) -> list[dict]:

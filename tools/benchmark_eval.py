@@ -4,7 +4,7 @@
     python tools/benchmark_eval.py [--images 5000] [--dets 100] [--repeats 2] [--batch 8] [--seed 0]
         [--only ours|mmdet] [--mmap-threshold BYTES]
 
-A val2017-like set (``perf.coco_eval``: 640x480-ish images, about 7 polygon objects of 80 classes each, some
+A val2017-like set (``perf.coco.compare``: 640x480-ish images, about 7 polygon objects of 80 classes each, some
 crowd regions, ``--dets`` bool mask predictions at image size per image, seeded). Each evaluator runs in its
 own child process, fed the same samples batch by batch: ``tasks.evaluation.coco.DetectionEvaluator`` with per-class
 results, and ``CocoMetric(metric=['bbox', 'segm'], classwise=True)`` fed as mmengine's Evaluator feeds it.
@@ -20,7 +20,7 @@ to 3 decimals, so differences up to 5e-4 are rounding. Measured figures: docs/ev
 import argparse
 
 from backbones.atomic import write_json
-from perf import coco_eval
+from perf.coco import compare as coco_eval
 
 
 def parse_args(argv=None) -> argparse.Namespace:

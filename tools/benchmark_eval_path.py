@@ -11,7 +11,7 @@ evaluator (with ``--format-only``: our ``--format-only --out-dir`` writers) and 
 ``CocoMetric`` / mmseg's ``IoUMetric`` (format-only mode) in its place, alternating, each in its own process.
 ``val``: ``tools/train.py`` with a validation after each short epoch; the RSS after each validation.
 ``seg-evaluator``: our segmentation evaluator against ``IoUMetric`` at ADE20K scale (2000 images of
-512x683, 150 classes) on the same synthetic predictions. See ``perf/eval_path.py`` / ``perf/eval_seg.py``
+512x683, 150 classes) on the same synthetic predictions. See ``perf/eval/path.py`` / ``perf/eval/seg.py``
 for what is measured; the figures are in docs/benchmarks/evaluation-2026-12-03.md.
 """
 
@@ -23,7 +23,8 @@ import os.path as osp
 import statistics
 import tempfile
 
-from perf import eval_path, eval_seg
+from perf.eval import path as eval_path
+from perf.eval import seg as eval_seg
 
 
 def parse_args(argv=None) -> argparse.Namespace:

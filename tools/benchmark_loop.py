@@ -10,7 +10,7 @@ run a whole process that marks the end of every epoch, the two loops alternating
 to round. Prints every run, then per loop the time per optimizer step (the slope between the marks after the
 short and the long number of epochs, so that start-up cancels; wall and CPU time) and the peak memory, and the
 lightning / runner ratios per round (median, min .. max). What both loops are made to do alike is in
-perf/loop.py; docs/benchmarks/loop-vs-runner-2026-12-05.md has the figures. The data is written by
+perf/training/loop.py; docs/benchmarks/loop-vs-runner-2026-12-05.md has the figures. The data is written by
 ``python tools/make_tiny_data.py --out data``.
 """
 
@@ -22,7 +22,7 @@ import os
 import os.path as osp
 import tempfile
 
-from perf.loop import LOOPS, ROOT, compare, spread
+from perf.training.loop import LOOPS, ROOT, compare, spread
 
 DEMO_CFG = str(ROOT / "configs" / "demo" / "mask-rcnn_stvit-demo_fpn_tiny-coco.py")
 
@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--same-seed",
         action="store_true",
-        help="every round with the config's seed (default: round r with randomness.seed=r; see perf/loop.py)",
+        help="every round with the config's seed (default: round r with randomness.seed=r; see perf/training/loop.py)",
     )
     p.add_argument("--warmup", type=int, default=1, help="unmeasured short runs of each loop first, default 1")
     p.add_argument(

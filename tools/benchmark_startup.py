@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from perf.startup import PAPER_CFG, run_child, write_annotations
+from perf.training.startup import PAPER_CFG, run_child, write_annotations
 
 
 def spread(values: list[float]) -> str:

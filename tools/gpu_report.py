@@ -10,7 +10,7 @@ It needs only torch, ``backbones``, ``perf`` and (for Swin-T) mmdet, timm or tor
 mmdet / mmseg is required, so it runs on a machine that has PyTorch and nothing of this project installed
 (``PYTHONPATH=.`` in the checkout, as above). The official model files (hhb072/STViT ``models/stvit.py``,
 yun-liu/HAT-Net ``HAT_Net.py``) are optional; they are loaded by ``perf/official.py``, as for
-``tools/compare_official.py``. The measuring is ``perf/gpu_sections.py``'s, the report ``perf/gpu_report.py``'s.
+``tools/compare_official.py``. The measuring is ``perf/gpu/sections.py``'s, the report ``perf/gpu/plan.py``'s.
 
 Sections (rows for STViT-S in its preset and the COCO configs' dense setting, HAT-Net-S, the official models
 when given, and Swin-T):
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from perf.gpu_report import FULL, QUICK, Budget, Models, render
-from perf.gpu_sections import compile_section, exactness, throughput, training
+from perf.gpu.plan import FULL, QUICK, Budget, Models, render
+from perf.gpu.sections import compile_section, exactness, throughput, training
 from perf.models import swin_source
 from perf.official import REPOS
 from perf.report import write_text

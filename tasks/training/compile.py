@@ -4,8 +4,9 @@ mmengine wraps the whole ``model.train_step`` in ``torch.compile``. Here the bac
 each in place (``nn.Module.compile``: the parameter names, so checkpoints, stay the same): they are the regular
 tensor code where the time goes, while the rest of an mm detector (RPN proposal sampling, RoI assignment,
 data samples, NMS in mmcv's ops) is Python over lists and per-image shapes, where dynamo breaks the graph and
-meets a new number of boxes at every step. The backbone's figures against eager (``perf/compile_step.py``, whose
-``--targets model`` compiles the whole model for comparison) are in docs/measuring.md#torchcompile.
+meets a new number of boxes at every step. The backbone's figures against eager
+(``perf/training/compile_step.py``, whose ``--targets model`` compiles the whole model for comparison) are in
+docs/measuring.md#torchcompile.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The COCO evaluation benchmark: one evaluator per child process, the comparison.
 
-``tools/benchmark_eval.py`` is the command line over ``run``. The set is ``perf.coco_data``'s (a synthetic
+``tools/benchmark_eval.py`` is the command line over ``run``. The set is ``perf.coco.data``'s (a synthetic
 val2017-like set: its instances json for mmdet and ``DetDataSample``s with mask predictions at image size, all
-deterministic from the seed); mmdet's ``CocoMetric`` runs as ``perf.coco_mmdet`` captures it; the DDP gather of
-our evaluator's state is ``perf.coco_gather``'s. Each evaluator runs in a child process of its own
-(``python -m perf.coco_eval``), so that its time and memory are its own, fed the same samples batch by batch;
+deterministic from the seed); mmdet's ``CocoMetric`` runs as ``perf.coco.mmdet_metric`` captures it; the DDP gather of
+our evaluator's state is ``perf.coco.gather``'s. Each evaluator runs in a child process of its own
+(``python -m perf.coco.compare``), so that its time and memory are its own, fed the same samples batch by batch;
 generating them is not timed, but it is in both children's memory figures alike.
 """
 
@@ -18,9 +18,9 @@ import tempfile
 import time
 
 from perf.child import last_json, run_module
-from perf.coco_data import CLASSES, NUM_CLASSES, coco_json, make_samples
-from perf.coco_gather import gather_peak
-from perf.coco_mmdet import FLAT, run_coco_metric
+from perf.coco.data import CLASSES, NUM_CLASSES, coco_json, make_samples
+from perf.coco.gather import gather_peak
+from perf.coco.mmdet_metric import FLAT, run_coco_metric
 from perf.memory import peak_rss_gib, rss_gib
 
 __all__ = [
@@ -121,10 +121,10 @@ KEYS = ("update_s", "compute_s", "total_s", "peak_gib", "growth_gib")
 
 
 def run_in_child(config: dict, mmap_threshold: int | None = None) -> dict:
-    """``run_child(**config)`` in a fresh Python process (``python -m perf.coco_eval``): its result. With
+    """``run_child(**config)`` in a fresh Python process (``python -m perf.coco.compare``): its result. With
     ``mmap_threshold`` (bytes), the child runs with glibc's ``MALLOC_MMAP_THRESHOLD_`` set to it (see ``run``)."""
     env = None if mmap_threshold is None else {"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold)}
-    return last_json(run_module("perf.coco_eval", json.dumps(config), env=env))
+    return last_json(run_module("perf.coco.compare", json.dumps(config), env=env))
 
 
 def run(
@@ -185,7 +185,7 @@ def run(
 
 def _main(argv: list[str]) -> None:
     if len(argv) != 1:
-        raise SystemExit("usage: python -m perf.coco_eval CONFIG_JSON (a child of perf.coco_eval.run)")
+        raise SystemExit("usage: python -m perf.coco.compare CONFIG_JSON (a child of perf.coco.compare.run)")
     print(json.dumps(run_child(**json.loads(argv[0]))))
 
 

@@ -6,7 +6,7 @@ it on most regions, both ``(1, H, W)`` int64 tensors as mmseg's ``PackSegInputs`
 give them, generated deterministically per image from ``(seed, index)``, batch by batch (the generation is
 not timed; its memory, one batch, is the same in both runs).
 
-Each evaluator runs in its own child process (``python -m perf.eval_seg --child ours|mm``):
+Each evaluator runs in its own child process (``python -m perf.eval.seg --child ours|mm``):
 ``tasks.evaluation.segmentation.SegmentationEvaluator.update`` per batch then ``compute()``, or
 ``IoUMetric.process`` on the
 ``to_dict()`` of every sample (as mmengine's ``Evaluator`` feeds it) then ``evaluate``. The child reports its
@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from .child import last_json, run_module
-from .memory import anon_rss_gib, peak_rss_gib, rss_gib
+from ..child import last_json, run_module
+from ..memory import anon_rss_gib, peak_rss_gib, rss_gib
 
 NUM_CLASSES = 150
 HEIGHT, WIDTH = 512, 683
@@ -121,7 +121,7 @@ def measure(
     for r in range(rounds):
         for impl in impls:
             args = ("--child", impl, str(images), str(batch), str(seed))
-            runs.append(dict(last_json(run_module("perf.eval_seg", *args)), round=r))
+            runs.append(dict(last_json(run_module("perf.eval.seg", *args)), round=r))
     return runs
 
 

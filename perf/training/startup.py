@@ -13,8 +13,8 @@ import numpy as np
 
 from backbones.atomic import atomic_write
 
-from .child import ROOT, last_json, run_module
-from .memory import peak_rss_gib
+from ..child import ROOT, last_json, run_module
+from ..memory import peak_rss_gib
 
 PAPER_CFG = ROOT / "configs" / "stvit" / "mask-rcnn_stvit-s_fpn_1x_coco.py"
 # COCO's 80 category ids (1..90 with gaps), in the order of mmdet's CocoDataset classes.
@@ -120,8 +120,8 @@ def child(kind: str, config: str, data_root: str) -> None:
 
 
 def run_child(kind: str, config: str, data_root: str) -> dict:
-    """``child(kind, config, data_root)`` in a fresh process (``python -m perf.startup``): its JSON line."""
-    return last_json(run_module("perf.startup", kind, config, data_root))
+    """``child(kind, config, data_root)`` in a fresh process (``python -m perf.training.startup``): its JSON line."""
+    return last_json(run_module("perf.training.startup", kind, config, data_root))
 
 
 if __name__ == "__main__":

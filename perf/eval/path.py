@@ -1,7 +1,7 @@
 """Process memory of the whole evaluation path a user runs: ``tools/test.py`` and validation inside
 ``tools/train.py``, against the same path with mmdet's / mmseg's own metric in place of ours.
 
-Each run is a child process (``python -m perf.eval_path --child ...``) that calls the tool's ``main`` with
+Each run is a child process (``python -m perf.eval.path --child ...``) that calls the tool's ``main`` with
 two extra Lightning callbacks: ``RssTrace`` (this process's RSS at the start of every evaluation epoch, after
 each batch, at the end of the loop and after the metric's compute) and, for the baseline, ``MMMetric``, which
 switches our evaluator off (``evaluate_test = False``) and feeds the library's metric (``CocoMetric`` /
@@ -15,7 +15,7 @@ Growth is measured from the RSS at the start of the evaluation epoch (after the 
 so that the model's first-call allocations are not counted): ``loop`` to the end of the prediction loop,
 ``peak`` to the highest RSS of the epoch, metric compute included. A child stops with an error when its RSS
 passes ``rss_limit_gib``, so that an unbounded growth cannot take the machine down. The callbacks are
-``perf.eval_callbacks``'s.
+``perf.eval.callbacks``'s.
 """
 
 from __future__ import annotations
@@ -29,13 +29,12 @@ import subprocess
 import sys
 import time
 
-from .child import python_env
-from .eval_callbacks import MMMetric, RssTrace
-from .memory import peak_rss_gib
+from ..child import ROOT, python_env
+from ..memory import peak_rss_gib
+from .callbacks import MMMetric, RssTrace
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DET_CONFIG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py")
-SEG_CONFIG = osp.join(REPO, "configs/demo/upernet_hat-net-demo_tiny-ade20k.py")
+DET_CONFIG = str(ROOT / "configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py")
+SEG_CONFIG = str(ROOT / "configs/demo/upernet_hat-net-demo_tiny-ade20k.py")
 # The demo Mask R-CNN at its initial weights keeps 100 detections per image (COCO's maxDets): every
 # proposal's class scores pass a zero threshold, and 300 proposals leave more than 100 boxes after NMS.
 DET_100_OPTIONS = (
@@ -49,9 +48,9 @@ DET_100_OPTIONS = (
 def load_tool(name: str):
     """``tools/NAME.py`` of this checkout as a module (tools/ is not a package; ``test`` would shadow the
     stdlib's)."""
-    path = osp.join(REPO, "tools", f"{name}.py")
+    path = str(ROOT / "tools" / f"{name}.py")
     if not osp.isfile(path):
-        raise FileNotFoundError(f"{path} not found: perf.eval_path runs the tools of a source checkout")
+        raise FileNotFoundError(f"{path} not found: perf.eval.path runs the tools of a source checkout")
     spec = importlib.util.spec_from_file_location(f"_tool_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -62,7 +61,7 @@ def load_tool(name: str):
 def _child(argv: list[str]) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m perf.eval_path --child")
+    parser = argparse.ArgumentParser(prog="python -m perf.eval.path --child")
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--tool", choices=["test", "train"], required=True)
     parser.add_argument("--impl", choices=["ours", "mm", "mm-format"], default="ours")
@@ -130,7 +129,7 @@ def run_child(tool: str, impl: str, tool_args: list[str], work: str, label: str,
     """One child process; returns its trace (``error`` set when it stopped at the RSS limit). Its output goes
     to ``work/LABEL.log``."""
     trace = osp.join(work, f"{label}.json")
-    cmd = [sys.executable, "-m", "perf.eval_path", "--child", "--tool", tool, "--impl", impl, "--trace", trace]
+    cmd = [sys.executable, "-m", "perf.eval.path", "--child", "--tool", tool, "--impl", impl, "--trace", trace]
     if limit_gib is not None:
         cmd += ["--limit-gib", str(limit_gib)]
     with open(osp.join(work, f"{label}.log"), "w") as log:

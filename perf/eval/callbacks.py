@@ -1,4 +1,4 @@
-"""The Lightning callbacks of the evaluation-path measurement (``perf.eval_path``): ``RssTrace`` records the
+"""The Lightning callbacks of the evaluation-path measurement (``perf.eval.path``): ``RssTrace`` records the
 process's RSS around every validation / test epoch, ``MMMetric`` puts mmdet's ``CocoMetric`` / mmseg's
 ``IoUMetric`` in place of our evaluator in ``trainer.test`` (the baseline)."""
 
@@ -10,7 +10,7 @@ import time
 
 import lightning as L
 
-from .memory import peak_rss_gib, rss_gib
+from ..memory import peak_rss_gib, rss_gib
 
 
 def _reset_peak() -> None:

@@ -1,5 +1,5 @@
 """The GPU report's Markdown (tools/gpu_report.py): the header (device, versions, TF32 state) and a table per
-section measured so far (``perf/gpu_sections.py``), then the errors. Needs only torch."""
+section measured so far (``perf/gpu/sections.py``), then the errors. Needs only torch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import platform
 
 import torch
 
-from .report import cell, section
+from ..report import cell, section
 
 EXACT_TOLERANCE = 1e-4  # max relative difference of fp32 outputs that counts as the same computation
 

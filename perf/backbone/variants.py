@@ -11,9 +11,9 @@ import torch
 from backbones import create
 from backbones.families import get
 
-from .flops import count_gmacs
-from .models import Setting, model_and_input
-from .timing import throughput
+from ..flops import count_gmacs
+from ..models import Setting, model_and_input
+from ..timing import throughput
 
 # The papers' figures (params in M, GMACs at 224x224, classification models including their heads).
 PAPER = {

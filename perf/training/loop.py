@@ -12,8 +12,8 @@ every ``trainer.log_every_n_steps`` iterations (the Runner's ``LoggerHook`` inte
 TensorBoard (Lightning) and to the text log + scalars JSON + TensorBoard (the Runner, given mmengine's
 ``TensorboardVisBackend``). The same ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` reach both processes.
 
-Each run is ``python -m perf.loop LOOP OUT.json ...`` (``run_loop``): the loop runs in that process, a Lightning
-callback or an mmengine hook (``EpochMarks``, ``RunnerEpochMarks``) marking each epoch's end, then the process
+Each run is ``python -m perf.training.loop LOOP OUT.json ...`` (``run_loop``): the loop runs in that process, a
+Lightning callback or an mmengine hook (``EpochMarks``, ``RunnerEpochMarks``) marking each epoch's end, then the process
 writes the marks, its peak resident memory (VmHWM: the high-water mark of this process's own address space, which
 ``ru_maxrss`` is not, see perf/memory.py), its CPU time, the optimizer steps done and the last logged loss.
 The wall time of the whole process is measured around it by the caller (``measure``).
@@ -32,9 +32,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from ..child import ROOT
+
 LOOPS = ("lightning", "runner")
 SPLITS = ("train", "val", "test")
 MARKED = ("wall_s", "cpu_s")  # the clocks of an epoch mark that give a per-step time
@@ -148,7 +148,7 @@ def _train_runner(config: str, work_dir: str, epochs: int, options: list[str]) -
 
 
 def run_loop(argv: list[str]) -> dict:
-    """The body of ``python -m perf.loop LOOP OUT.json CONFIG WORK_DIR EPOCHS [KEY=VALUE ...]``: train, then
+    """The body of ``python -m perf.training.loop LOOP OUT.json CONFIG WORK_DIR EPOCHS [KEY=VALUE ...]``: train, then
     write to OUT.json this process's peak memory (GiB), CPU time (s), steps done, last logged loss and the
     marks of each epoch's end (``mark``)."""
     from perf.memory import peak_rss_gib
@@ -175,7 +175,7 @@ def measure(loop: str, config: str, work_dir: str, epochs: int, threads: int, op
     its wall time, peak memory, CPU time, steps and last loss. Output goes to ``work_dir/run.log``."""
     os.makedirs(work_dir, exist_ok=True)
     out, log = osp.join(work_dir, "result.json"), osp.join(work_dir, "run.log")
-    cmd = [sys.executable, "-m", "perf.loop", loop, out, osp.abspath(config), work_dir, str(epochs), *options]
+    cmd = [sys.executable, "-m", "perf.training.loop", loop, out, osp.abspath(config), work_dir, str(epochs), *options]
     threads_env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env = {**os.environ, "PYTHONPATH": str(ROOT), **threads_env}
     start = time.perf_counter()

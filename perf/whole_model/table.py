@@ -1,9 +1,9 @@
-"""``tools/benchmark.py --config``'s table: ``perf.whole_model.benchmark``'s rows, ours against the baseline."""
+"""``tools/benchmark.py --config``'s table: ``perf.whole_model.bench.benchmark``'s rows, ours against the baseline."""
 
 from __future__ import annotations
 
-from .report import table as md_table
-from .whole_model import TRAIN_BATCH
+from ..report import table as md_table
+from .subject import TRAIN_BATCH
 
 
 def _cell(v, fmt: str, column: str, notes: list[str]) -> str:

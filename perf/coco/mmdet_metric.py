@@ -1,4 +1,4 @@
-"""mmdet's ``CocoMetric`` as the COCO evaluation benchmark (``perf.coco_eval``) runs it: its flat results and its
+"""mmdet's ``CocoMetric`` as the COCO evaluation benchmark (``perf.coco.compare``) runs it: its flat results and its
 logged classwise tables, captured and returned under our names."""
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import torch
 
 from backbones.families import get
 
-from .flops import count_gmacs
-from .memory import peak_memory_gib
-from .models import BASELINES, Setting, model_and_input, model_for
-from .timing import compiled, time_models, time_phases
+from ..flops import count_gmacs
+from ..memory import peak_memory_gib
+from ..models import BASELINES, Setting, model_and_input, model_for
+from ..timing import compiled, time_models, time_phases
 
 # The speed table's rows: (family, super-token sizes: None = the preset's, "dense" = the dense-prediction ones).
 TABLE_CONFIGS = (("stvit", None), ("stvit", "dense"), ("hatnet", None))

@@ -9,11 +9,11 @@ import sys
 
 import torch
 
-from .memory import peak_memory_gib
-from .models import Setting, model_for
-from .report import save_figure
+from ..memory import peak_memory_gib
+from ..models import Setting, model_for
+from ..report import save_figure
+from ..timing import time_models
 from .speed import runnable
-from .timing import time_models
 
 # (label, build name, family, dense stoken sizes?). The reference STViT-S keeps the preset's global attention in
 # stage 3 as explicit N x N matrices: the quadratic curve next to ours.

@@ -1,10 +1,10 @@
 """The DDP gather of ``DetectionEvaluator``'s state: its peak memory per rank (``gather_peak``), each rank a gloo
-process of its own holding the benchmark's generated images (``perf.coco_data``)."""
+process of its own holding the benchmark's generated images (``perf.coco.data``)."""
 
 from __future__ import annotations
 
-from .coco_data import CLASSES, make_samples
-from .memory import peak_rss_gib, rss_gib
+from ..memory import peak_rss_gib, rss_gib
+from .data import CLASSES, make_samples
 
 
 def _reset_peak_rss() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .child import ROOT
+from ..child import ROOT
 from .startup import PAPER_CFG, write_annotations
 
 

@@ -1,6 +1,6 @@
 """The GPU report's sections (tools/gpu_report.py): exactness against our CPU fast paths, the plain formulation
 and the official code; the training step in three precisions; inference throughput; torch.compile (one child
-process per model: ``python -m perf.gpu_sections``). Each row that fails records its reason and the run goes
+process per model: ``python -m perf.gpu.sections``). Each row that fails records its reason and the run goes
 on; rows that would start past the budget are skipped."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from contextlib import contextmanager
 
 import torch
 
-from . import timing
-from .child import run_module
-from .gpu_report import FULL, QUICK, Budget, Models, Plan, attempt
-from .models import PlainPath
-from .official import max_relative_difference
-from .report import Failure
-from .timing import make_step, timed_call
-from .variants import PAPER_THROUGHPUT
+from .. import timing
+from ..backbone.variants import PAPER_THROUGHPUT
+from ..child import run_module
+from ..models import PlainPath
+from ..official import max_relative_difference
+from ..report import Failure
+from ..timing import make_step, timed_call
+from .plan import FULL, QUICK, Budget, Models, Plan, attempt
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 
@@ -200,7 +200,7 @@ def throughput(models: Models, plan: Plan, device, budget: Budget, notes: list) 
 
 def compile_section(models: Models, plan: Plan, device, budget: Budget, notes: list, threads: int = 0) -> list[dict]:
     """One row per ``plan.compile_models`` key: eager and compiled bf16 training steps, measured by a child
-    process each (``python -m perf.gpu_sections``), so that a compiler crash or hang costs that row only."""
+    process each (``python -m perf.gpu.sections``), so that a compiler crash or hang costs that row only."""
     rows = []
     for key in plan.compile_models:
         row = dict(model=models.label(key))
@@ -213,7 +213,7 @@ def compile_section(models: Models, plan: Plan, device, budget: Budget, notes: l
         free(device)
         argv = ["--device", device.type, "--threads", str(threads), key] + (["--quick"] if plan.shrunk else [])
         try:
-            done = run_module("perf.gpu_sections", *argv, timeout=timeout)
+            done = run_module("perf.gpu.sections", *argv, timeout=timeout)
         except subprocess.TimeoutExpired:
             row["speedup"] = Failure(f"did not finish within {timeout:.0f} s (compile included)")
             continue
@@ -259,7 +259,7 @@ def compile_row(key: str, models: Models, plan: Plan, device) -> dict:
 
 
 def _child(argv=None) -> None:
-    """``python -m perf.gpu_sections --device D --threads N KEY [--quick]``: ``compile_row`` as one JSON line."""
+    """``python -m perf.gpu.sections --device D --threads N KEY [--quick]``: ``compile_row`` as one JSON line."""
     p = argparse.ArgumentParser()
     p.add_argument("key")
     p.add_argument("--device", default="cuda")

@@ -1,4 +1,4 @@
-"""The synthetic val2017-like set of the COCO evaluation benchmark (``perf.coco_eval``).
+"""The synthetic val2017-like set of the COCO evaluation benchmark (``perf.coco.compare``).
 
 COCO-sized images (640x480-ish, both orientations), 1-14 polygon objects each of 80 classes (about 7 on average,
 as val2017), a few crowd regions (RLE), an instances json for mmdet (``coco_json``), and ``dets`` mask

@@ -1,5 +1,5 @@
 """The GPU report (tools/gpu_report.py): its plans, its models by key and its time budget. The sections it
-measures are ``perf/gpu_sections.py``'s, its Markdown ``perf/gpu_markdown.py``'s (``render``, importable here).
+measures are ``perf/gpu/sections.py``'s, its Markdown ``perf/gpu/markdown.py``'s (``render``, importable here).
 Needs only torch, ``backbones`` and Swin-T's source (mmdet, timm or torchvision): no mm package is imported on
 the way."""
 
@@ -14,11 +14,11 @@ import torch
 
 from backbones import FAMILIES
 
-from .gpu_markdown import EXACT_TOLERANCE, device_name, render, tf32_state
-from .models import build, dense_stoken_size, ours_and_official
-from .official import load_official
-from .report import Failure
-from .variants import PAPER
+from ..backbone.variants import PAPER
+from ..models import build, dense_stoken_size, ours_and_official
+from ..official import load_official
+from ..report import Failure
+from .markdown import EXACT_TOLERANCE, device_name, render, tf32_state
 
 __all__ = [
     "EXACT_TOLERANCE",

@@ -1,7 +1,7 @@
 """The training step of a config with its ``compile`` options against the same step eager, in one process.
 
-    python -m perf.compile_step CONFIG --data-root DIR [--targets eager backbone model] [--steps 6] [--rounds 2]
-        [--backend inductor] [--cfg-options KEY=VALUE ...]
+    python -m perf.training.compile_step CONFIG --data-root DIR [--targets eager backbone model] [--steps 6]
+        [--rounds 2] [--backend inductor] [--cfg-options KEY=VALUE ...]
 
 Each round builds the config's model once per target (same seed, same weights, same batches): ``eager``,
 ``backbone`` (backbone and neck compiled in place, what the config's ``compile`` does: tasks/training/compile.py)
