@@ -13,7 +13,8 @@ from PIL import Image
 
 from backbones.pretrained import CheckpointError
 from tasks.deploy.export import export_backbone, export_model
-from tasks.deploy.inference import InputError, build_inferencer, find_images
+from tasks.deploy.images import InputError, find_images
+from tasks.deploy.inference import build_inferencer
 from tests._tools import load_tool, warnings_as_errors
 
 infer_tool = load_tool("infer")

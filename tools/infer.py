@@ -22,7 +22,8 @@ from backbones.atomic import OutputError
 from backbones.pretrained import CheckpointError
 from tasks.config.keys import ConfigError
 from tasks.config.load import add_cfg_options, torch_device
-from tasks.deploy.inference import InputError, run_inference
+from tasks.deploy.images import InputError
+from tasks.deploy.inference import run_inference
 
 
 def parse_args(argv=None) -> argparse.Namespace:
