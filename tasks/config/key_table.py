@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .variables import BASE_VARIABLES, OUR_VARIABLES
+
 HONOURED = "honoured"
 REFUSED = "refused"
 IGNORED = "ignored on purpose"
@@ -46,23 +48,6 @@ def _only(*fields: str) -> Callable[[Any], bool]:
     (the hook switched off)."""
     return lambda value: value is None or (isinstance(value, dict) and set(value) <= {"type", "_scope_", *fields})
 
-
-_BASE_VARIABLES = (
-    # mmdet's / mmseg's bases: names their own sections are written with
-    "albu_train_transforms backbone_norm_cfg batch_augments batch_size branch_field checkpoint checkpoint_file "
-    "color_space crop_size data_preprocessor data_root dynamic_intervals embed_multi image_size interval "
-    "num_stuff_classes num_things_classes "
-    "dataset_aug dataset_train dataset_type dataset_version geometric img_ratios img_scale input_size "
-    "labeled_dataset metainfo norm_cfg num_classes num_workers optimizer scale stable_diffusion_cfg strong_pipeline "
-    "sup_pipeline test_img_scale test_pipeline train_ann train_img_scale train_pipeline tta_pipeline unlabeled_dataset "
-    "unsup_pipeline val_ann val_img_scale val_pipeline vis_backends weak_pipeline backend_args"
-).split()
-_OUR_VARIABLES = (
-    # configs/: the same for ours (the schedule lengths feed train_cfg / trainer, the backbones model.backbone)
-    "channels dense_stoken_size hatnet_backbone_keys hatnet_optim_wrapper hatnet_s_backbone img_scales max_epochs "
-    "max_iters pretrained stvit_backbone_keys stvit_optim_wrapper stvit_s_backbone swin_det_1x_param_scheduler "
-    "tta_img_scales val_interval"
-).split()
 
 KEYS: tuple[Key, ...] = (
     # ---- top level: mm's keys ------------------------------------------------------------------------------
@@ -177,13 +162,10 @@ KEYS: tuple[Key, ...] = (
     Key("data_errors", "", HONOURED, "`'raise'` or `'skip'` a training sample that fails to load"),
     Key("data_errors_max", "", HONOURED, "with `data_errors='skip'`: the fraction of training samples that may fail"),
     Key("loggers", "", HONOURED, "Lightning logger classes (experiment trackers)"),
-    *(
-        Key(name, "", VARIABLE, "a variable of mm's base configs, read by the config itself")
-        for name in _BASE_VARIABLES
-    ),
+    *(Key(name, "", VARIABLE, "a variable of mm's base configs, read by the config itself") for name in BASE_VARIABLES),
     *(
         Key(name, "", VARIABLE, "a variable of this project's configs, read by the config itself")
-        for name in _OUR_VARIABLES
+        for name in OUR_VARIABLES
     ),
     # ---- every section ------------------------------------------------------------------------------------
     Key("_scope_", "*", HONOURED, "mmengine's scope of a section inherited through `mmdet::` / `mmseg::`"),
