@@ -17,8 +17,6 @@ ranks before evaluation, and the refusal to write a checkpoint from non-finite w
 
 from __future__ import annotations
 
-import math
-
 import lightning as L
 import torch
 from mmengine.config import Config
@@ -35,7 +33,7 @@ from ..evaluation.tta import TTAPredictor
 from .checkpoint_io import check_resumed_weights
 from .compile import compile_model, compile_options
 from .nonfinite import NonFiniteLossPolicy
-from .optim import build_optimizer, build_schedulers, scale_lr
+from .optim import configure_optimizers
 
 
 class MMTaskModule(L.LightningModule):
@@ -277,29 +275,7 @@ class MMTaskModule(L.LightningModule):
         return optimizer.step(closure=lambda: loss)
 
     def configure_optimizers(self) -> tuple[list[Optimizer], list[dict]]:
-        optimizer = build_optimizer(self.model, self.cfg.optim_wrapper)
-        trainer = self.trainer
-        scale_lr(
-            optimizer,
-            self.cfg.get("auto_scale_lr"),
-            num_devices=trainer.num_devices,
-            num_nodes=trainer.num_nodes,
-            batch_size=self.cfg.train_dataloader.batch_size,
-            accumulation=trainer.accumulate_grad_batches,
-        )
-        schedulers = build_schedulers(
-            optimizer,
-            self.cfg.get("param_scheduler"),
-            max_epochs=trainer.max_epochs,
-            max_steps=trainer.max_steps,
-            epoch_length=self._steps_per_epoch,
-        )
-        return [optimizer], schedulers
-
-    def _steps_per_epoch(self) -> int:
-        trainer = self.trainer
-        trainer.estimated_stepping_batches  # noqa: B018  (sets up the train loader: num_training_batches)
-        return max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
+        return configure_optimizers(self.model, self.cfg, self.trainer)
 
     def lr_scheduler_step(self, scheduler: _ParamScheduler, metric: torch.Tensor | None) -> None:
         # mmengine's _ParamScheduler is not a torch LRScheduler; Lightning calls this at the

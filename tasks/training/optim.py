@@ -17,6 +17,7 @@ x 2 accumulation take the lr of the paper's 8 x 2 (see docs/training.md).
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable
 
 from mmengine.config import Config
@@ -138,3 +139,31 @@ def build_schedulers(
             )
         )
     return configs
+
+
+def configure_optimizers(model: nn.Module, cfg: Config, trainer) -> tuple[list[Optimizer], list[dict]]:
+    """``LightningModule.configure_optimizers`` for an mm config: the optimizer of ``optim_wrapper``, its lr scaled
+    by ``auto_scale_lr`` for the trainer's devices, nodes and accumulation, and the ``param_scheduler`` entries
+    over the trainer's length (an epoch: the train loader's optimizer steps)."""
+
+    def steps_per_epoch() -> int:
+        trainer.estimated_stepping_batches  # noqa: B018  (sets up the train loader: num_training_batches)
+        return max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
+
+    optimizer = build_optimizer(model, cfg.optim_wrapper)
+    scale_lr(
+        optimizer,
+        cfg.get("auto_scale_lr"),
+        num_devices=trainer.num_devices,
+        num_nodes=trainer.num_nodes,
+        batch_size=cfg.train_dataloader.batch_size,
+        accumulation=trainer.accumulate_grad_batches,
+    )
+    schedulers = build_schedulers(
+        optimizer,
+        cfg.get("param_scheduler"),
+        max_epochs=trainer.max_epochs,
+        max_steps=trainer.max_steps,
+        epoch_length=steps_per_epoch,
+    )
+    return [optimizer], schedulers
