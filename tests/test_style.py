@@ -41,3 +41,10 @@ def test_tools_are_thin_command_lines_and_nothing_edits_sys_path():
         if p.name != "test_style.py" and "sys.path." in p.read_text()
     ]
     assert not edits, f"sys.path edits: {edits}"
+
+
+def test_package_files_stay_short():
+    # a file in tasks/ or perf/ has one purpose; past 300 lines it has two: split it by purpose (CONTRIBUTING.md)
+    files = [p for folder in ("tasks", "perf") for p in (ROOT / folder).rglob("*.py")]
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > 300}
+    assert len(files) > 40 and not long, f"files above 300 lines (split them by purpose): {long}"
