@@ -188,9 +188,10 @@ def trainer_kwargs(cfg: Config) -> dict:
             "(tasks/data/module.py); Lightning would replace the train batch sampler and its resumable order"
         )
     kwargs["use_distributed_sampler"] = False
-    if "sync_batchnorm" not in kwargs:
-        # mm configs ask for synchronised BN with norm_cfg type 'SyncBN'; honour it where it can run.
-        kwargs["sync_batchnorm"] = "SyncBN" in str(cfg.model) and _uses_gpu(kwargs.get("accelerator", "auto"))
+    # mm configs ask for synchronised BN with norm_cfg type 'SyncBN', ours with sync_batchnorm=True: honoured where
+    # it can run. torch's SyncBatchNorm has GPU kernels only (DDP refuses it on CPU): there BN stays per process.
+    asked = kwargs.get("sync_batchnorm", "SyncBN" in str(cfg.model))
+    kwargs["sync_batchnorm"] = bool(asked) and _uses_gpu(kwargs.get("accelerator", "auto"))
     return kwargs
 
 
