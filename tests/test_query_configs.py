@@ -9,6 +9,7 @@
   layers, fewer queries, small images): in this process, one config after the other, as the tools run them.
 """
 
+import functools
 import json
 import os
 import re
@@ -46,7 +47,9 @@ MM_CONFIG = {
 CONSUMER = {"dino": "neck", "m2f_coco": "panoptic_head", "m2f_ade": "decode_head"}
 
 
+@functools.lru_cache(maxsize=None)
 def load(path) -> Config:
+    """The config as mmengine reads it, once per test process (the tests only read it)."""
     if str(path).startswith(("mmdet::", "mmseg::")):
         return Config.fromstring(f"_base_ = {str(path)!r}", ".py")  # an mm:: path needs a _base_
     return Config.fromfile(str(path))
