@@ -18,6 +18,8 @@ from typing import BinaryIO
 
 import torch
 
+from .errors import UserError
+
 _HOST = socket.gethostname().replace(".", "_")
 
 
@@ -42,7 +44,7 @@ def _remove_stale_temps(directory: str, name: str) -> None:
                 pass
 
 
-class OutputError(OSError):
+class OutputError(UserError, OSError):
     """An output path that cannot be written: its folder cannot be created or written, or a file is expected where
     a folder is (or the reverse). The message names the path and the reason; the tools print it without a
     traceback."""

@@ -19,6 +19,7 @@ import torch
 
 from ._fast_paths import fast_paths
 from .atomic import atomic_write, plain_meta
+from .errors import UserError
 from .families import get
 from .pretrained import SAFETENSORS_META_KEY, CheckpointError, read_checkpoint
 from .weights import state_dict_diff
@@ -29,7 +30,7 @@ EXPORT_VERSION = 1
 # official keys with no counterpart in our backbones (the classification head): left out, for the user to fill
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     """A usage problem (format vs. extension, no config, no official counterpart); the message names it."""
 
 
