@@ -18,11 +18,13 @@ import difflib
 import inspect
 from collections.abc import Iterator, Mapping
 
+from backbones.errors import UserError
+
 from ..runtime.rank_zero import rank_zero_info
 from .key_table import ANY, HONOURED, IGNORED, KEYS, REFUSED, VARIABLE, Key
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that cannot be read, is not one of this project's tasks, or holds a key that is unknown, refused or
     wrong; the message names the file, the key and the fix. The tools print it without a traceback."""
 

@@ -23,6 +23,8 @@ import os.path as osp
 
 from torch.utils.data import Dataset
 
+from backbones.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +47,7 @@ def _data_paths(ds_cfg: dict):
             yield f"data_prefix.{key}", osp.join(root, prefix)
 
 
-class DataPathError(FileNotFoundError):
+class DataPathError(UserError, FileNotFoundError):
     """A dataset path of the config that does not exist; the message names the key, the path and the fix."""
 
 
@@ -61,7 +63,7 @@ def check_dataset_paths(ds_cfg: dict, section: str) -> None:
             )
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """A sample that cannot be used; the message names the file."""
 
     def __init__(self, message: str = "") -> None:

@@ -11,8 +11,10 @@ from collections.abc import Sequence
 import cv2
 from mmdet.apis.det_inferencer import IMG_EXTENSIONS  # what DetInferencer takes from a folder
 
+from backbones.errors import UserError
 
-class InputError(ValueError):
+
+class InputError(UserError, ValueError):
     """Bad ``INPUT`` arguments: nothing matched, a missing path, an unreadable image, two images with one name."""
 
 

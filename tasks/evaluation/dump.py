@@ -30,6 +30,7 @@ import lightning as L
 import torch.distributed as dist
 
 from backbones.atomic import atomic_write
+from backbones.errors import UserError
 
 PICKLE_SUFFIXES = (".pkl", ".pickle")
 # mmengine's dump writes protocol 2. Below protocol 4 every memo entry is numbered explicitly (BINPUT n) and
@@ -50,7 +51,7 @@ def _dump_det_results():
     return type("DumpDetResults", (DumpDetResults,), {"default_prefix": PREFIX})
 
 
-class DumpPathError(ValueError):
+class DumpPathError(UserError, ValueError):
     """A ``--dump`` path of the wrong kind for the task's analysis tools (the message says which kind)."""
 
 

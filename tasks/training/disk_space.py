@@ -24,11 +24,13 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from backbones.errors import UserError
+
 log = logging.getLogger("lightning.pytorch")
 _SPACE = {errno.ENOSPC: "full", errno.EDQUOT: "over its quota", errno.EFBIG: "at its file size limit"}
 
 
-class DiskFullError(OSError):
+class DiskFullError(UserError, OSError):
     """A checkpoint that could not be written for space; the message says what was written where, how much was
     needed and free, which checkpoint is intact and (``resume``, added by ``tools/train.py``) how to resume."""
 
