@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 
-from backbones.atomic import OutputError, check_writable
-from tasks.config.keys import ConfigError
+from backbones.atomic import check_writable
 from tasks.config.load import add_cfg_options, load_config
-from tasks.data.checks import DataError, DataPathError
 from tasks.figures.browse import PHASES, browse_dataset
+from tasks.runtime.cli import command_line
 
 
+@command_line
 def main(argv=None) -> list[str]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="an mmengine config (detection or segmentation)")
@@ -30,14 +30,9 @@ def main(argv=None) -> list[str]:
     args = p.parse_args(argv)
     if args.n is not None and args.n < 1:
         p.error(f"--n must be at least 1, got {args.n}")
-    try:
-        cfg = load_config(args.config, args.cfg_options, training=False)
-        check_writable(args.out_dir, folder=True)
-        written = browse_dataset(cfg, args.out_dir, args.phase, args.n, progress=not args.no_progress)
-    except (ConfigError, OutputError, DataPathError, DataError) as e:
-        if argv is not None:  # called from Python: the caller sees the exception
-            raise
-        raise SystemExit(f"error: {e}") from None
+    cfg = load_config(args.config, args.cfg_options, training=False)
+    check_writable(args.out_dir, folder=True)
+    written = browse_dataset(cfg, args.out_dir, args.phase, args.n, progress=not args.no_progress)
     print(f"wrote {len(written)} picture(s) of the {args.phase} split to {args.out_dir}")
     return written
 

@@ -17,12 +17,13 @@ import argparse
 import os
 import sys
 
-from backbones.atomic import OutputError, check_writable, write_json
-from tasks.config.keys import ConfigError
+from backbones.atomic import check_writable, write_json
 from tasks.config.load import add_cfg_options, load_config
 from tasks.data.scan import SPLITS, scan, summary
+from tasks.runtime.cli import command_line
 
 
+@command_line
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="an mmengine config (detection or segmentation)")
@@ -37,14 +38,9 @@ def main(argv=None) -> dict:
         p.error(f"--splits takes a comma-separated list of {', '.join(SPLITS)}, got {args.splits!r}")
     if args.workers < 1:
         p.error(f"--workers must be at least 1, got {args.workers}")
-    try:
-        cfg = load_config(args.config, args.cfg_options, training=False)
-        if args.out:
-            check_writable(args.out)
-    except (ConfigError, OutputError) as e:
-        if argv is not None:  # called from Python: the caller sees the exception
-            raise
-        raise SystemExit(f"error: {e}") from None
+    cfg = load_config(args.config, args.cfg_options, training=False)
+    if args.out:
+        check_writable(args.out)
     report = scan(cfg, cfg.get("default_scope"), splits, args.workers, progress=not args.no_progress)
     report["config"] = args.config
     if args.out:

@@ -28,12 +28,10 @@ exported, ``--raw-weights``: the raw ones; meta ``weights`` records which (``'em
 from __future__ import annotations
 
 import argparse
-import sys
 
-from backbones.atomic import OutputError
-from backbones.export import FORMATS, ExportError
-from backbones.pretrained import CheckpointError
+from backbones.export import FORMATS
 from tasks.deploy.export import WEIGHTS, export_backbone, format_metrics
+from tasks.runtime.cli import command_line
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,14 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@command_line
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    try:
-        meta = export_backbone(args.checkpoint, args.out, args.format, args.config, raw_weights=args.raw_weights)
-    except (CheckpointError, ExportError, OutputError) as e:
-        if argv is not None:  # called from Python: let the caller see the exception
-            raise
-        sys.exit(f"error: {e}")
+    meta = export_backbone(args.checkpoint, args.out, args.format, args.config, raw_weights=args.raw_weights)
     metrics = format_metrics(meta["metrics"])
     print(
         f"wrote {args.out} ({meta['format']}): {meta['family']} backbone, {WEIGHTS[meta['weights']]}, "

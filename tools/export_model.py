@@ -17,12 +17,9 @@ in mmengine's EMAHook layout (the raw ones under ``ema_state_dict``); ``--raw-we
 from __future__ import annotations
 
 import argparse
-import sys
 
-from backbones.atomic import OutputError
-from backbones.export import ExportError
-from backbones.pretrained import CheckpointError
 from tasks.deploy.export import WEIGHTS, export_model, format_metrics
+from tasks.runtime.cli import command_line
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -38,14 +35,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@command_line
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    try:
-        meta = export_model(args.checkpoint, args.out, args.config, raw_weights=args.raw_weights)
-    except (CheckpointError, ExportError, OutputError) as e:
-        if argv is not None:
-            raise
-        sys.exit(f"error: {e}")
+    meta = export_model(args.checkpoint, args.out, args.config, raw_weights=args.raw_weights)
     classes = meta["dataset_meta"].get("classes") or ()
     print(
         f"wrote {args.out}: {WEIGHTS[meta['weights']]}, {len(classes)} classes, step {meta['iter']}, "

@@ -29,11 +29,11 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
-from backbones.atomic import OutputError, check_writable
+from backbones.atomic import check_writable
 from perf.flops import model_flops
 from perf.report import write_json
-from tasks.config.keys import ConfigError
 from tasks.config.load import add_cfg_options, check_config_path
+from tasks.runtime.cli import command_line
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,14 +73,12 @@ def format_report(config: str, res: dict) -> str:
     return "\n".join(lines)
 
 
+@command_line
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    try:
-        check_config_path(args.config)
-        if args.out:
-            check_writable(args.out)  # before the counting
-    except (ConfigError, OutputError) as e:
-        raise SystemExit(f"error: {e}") from None
+    check_config_path(args.config)
+    if args.out:
+        check_writable(args.out)  # before the counting
     res = model_flops(args.config, args.shape, args.cfg_options)
     print(format_report(args.config, res))
     if args.out:

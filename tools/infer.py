@@ -16,14 +16,10 @@ class-index map ``sem_seg``; segmentation also writes it as ``preds/<image stem>
 from __future__ import annotations
 
 import argparse
-import sys
 
-from backbones.atomic import OutputError
-from backbones.pretrained import CheckpointError
-from tasks.config.keys import ConfigError
 from tasks.config.load import add_cfg_options, torch_device
-from tasks.deploy.images import InputError
 from tasks.deploy.inference import run_inference
+from tasks.runtime.cli import command_line
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,24 +40,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@command_line
 def main(argv=None) -> list[str]:
     args = parse_args(argv)
-    try:
-        images = run_inference(
-            args.config,
-            args.checkpoint,
-            args.inputs,
-            args.out_dir,
-            batch_size=args.batch_size,
-            device=args.device,
-            score_thr=args.score_thr,
-            cfg_options=args.cfg_options,
-            progress=not args.no_progress,
-        )
-    except (InputError, CheckpointError, ConfigError, OutputError) as e:
-        if argv is not None:
-            raise
-        sys.exit(f"error: {e}")
+    images = run_inference(
+        args.config,
+        args.checkpoint,
+        args.inputs,
+        args.out_dir,
+        batch_size=args.batch_size,
+        device=args.device,
+        score_thr=args.score_thr,
+        cfg_options=args.cfg_options,
+        progress=not args.no_progress,
+    )
     print(f"{len(images)} image(s): overlays in {args.out_dir}/vis, predictions in {args.out_dir}/preds")
     return images
 

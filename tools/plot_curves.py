@@ -28,8 +28,9 @@ import re
 import statistics
 from pathlib import Path
 
-from backbones.atomic import OutputError, check_writable
+from backbones.atomic import check_writable
 from perf.report import save_figure
+from tasks.runtime.cli import command_line
 
 GROUPS = ("losses", "learning rate", "validation metrics", "other training values")
 LINESTYLES = ("-", "--", ":", "-.")
@@ -191,6 +192,7 @@ def format_train_time(run: str, t: dict) -> str:
     )
 
 
+@command_line
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("work_dirs", nargs="+", metavar="WORK_DIR", help="work dirs of tools/train.py runs")
@@ -202,10 +204,7 @@ def main(argv=None):
     if not args.out and not args.train_time:
         p.error("give --out (the curves' PNG), --train-time, or both")
     if args.out:
-        try:
-            check_writable(args.out)
-        except OutputError as e:
-            raise SystemExit(f"error: {e}") from None
+        check_writable(args.out)
     if args.train_time:
         for d in args.work_dirs:
             print(format_train_time(d, train_time(d, args.include_outliers)))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from tasks.config.keys import ConfigError
 from tasks.config.load import add_cfg_options, load_config
+from tasks.runtime.cli import command_line
 
 
 def resolved_text(config: str, cfg_options: dict | None = None) -> str:
@@ -25,17 +25,13 @@ def resolved_text(config: str, cfg_options: dict | None = None) -> str:
     return load_config(config, cfg_options).pretty_text
 
 
+@command_line
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="an mmengine config")
     add_cfg_options(p)
     args = p.parse_args(argv)
-    try:
-        text = resolved_text(args.config, args.cfg_options)
-    except ConfigError as e:
-        if argv is not None:  # called from Python: the caller sees the exception
-            raise
-        raise SystemExit(f"error: {e}") from None
+    text = resolved_text(args.config, args.cfg_options)
     print(text)
     return text
 

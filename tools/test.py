@@ -34,19 +34,17 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
-from backbones.atomic import OutputError, check_writable
-from backbones.errors import CheckpointError
+from backbones.atomic import check_writable
 from backbones.weights import check_checkpoint_path, load_state_dict_checked
 from tasks import build_task
-from tasks.config.keys import ConfigError
 from tasks.config.load import add_cfg_options, default_work_dir, load_config
-from tasks.data.checks import DataError, DataPathError
 from tasks.data.module import without_annotation_loading
 from tasks.deploy.checkpoints import read_training_checkpoint
 from tasks.deploy.submission import SubmissionWriter
-from tasks.evaluation.dump import DumpPathError, PredictionDump, check_dump_path
+from tasks.evaluation.dump import PredictionDump, check_dump_path
 from tasks.evaluation.tta import enable_tta
 from tasks.figures.predictions import PredictionWriter
+from tasks.runtime.cli import command_line
 from tasks.training.checkpoint_io import write_json
 from tasks.training.trainer import build_trainer, releasing_process_group
 
@@ -114,16 +112,12 @@ def format_per_class_table(per_class: dict) -> str:
 
 
 @releasing_process_group()
+@command_line
 def main(argv=None, callbacks=()) -> dict:
     args = parse_args(argv)
     if args.format_only and not args.out_dir:
         raise SystemExit("--format-only writes submission files only: give the directory with --out-dir DIR")
-    try:
-        return test(args, callbacks)
-    except (ConfigError, CheckpointError, OutputError, DumpPathError, DataPathError, DataError) as e:
-        if argv is not None:  # called from Python: the caller sees the exception
-            raise
-        raise SystemExit(f"error: {e}") from None
+    return test(args, callbacks)
 
 
 def test(args: argparse.Namespace, callbacks=()) -> dict:

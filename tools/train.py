@@ -38,12 +38,10 @@ import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from mmengine.logging import MMLogger
 
-from backbones.atomic import OutputError, write_text
-from backbones.errors import CheckpointError
+from backbones.atomic import write_text
+from backbones.errors import UserError
 from tasks import build_task
-from tasks.config.keys import ConfigError
 from tasks.config.load import add_cfg_options, config_text, default_work_dir, load_config
-from tasks.data.checks import DataError, DataPathError
 from tasks.data.scan import check_before_training
 from tasks.runtime.quiet import quiet_mm_console
 from tasks.training.checkpoint_io import apply_load_from, write_json
@@ -54,7 +52,6 @@ from tasks.training.trackers import finish_tracking
 from tasks.training.trainer import build_trainer, releasing_process_group
 
 # Errors of the user's input, whose messages name the file or key and the fix: printed without a traceback.
-USER_ERRORS = (ConfigError, CheckpointError, OutputError, DataPathError, DataError, DiskFullError)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -156,7 +153,7 @@ def cli(argv=None, callbacks=()) -> None:
     try:
         main(argv, callbacks)
     except Exception as e:  # noqa: BLE001 - report which process failed, then exit non-zero
-        if not isinstance(e, USER_ERRORS):  # a bad config, path or checkpoint: the message says it all
+        if not isinstance(e, UserError):  # a bad config, path or checkpoint: the message says it all
             traceback.print_exc()
         print(f"rank {_rank()} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         sys.exit(1)

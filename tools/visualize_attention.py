@@ -33,12 +33,12 @@ import os.path as osp
 import torch
 
 from backbones import FAMILIES, CheckpointError, family_of, load_pretrained
-from backbones.atomic import OutputError, check_writable
+from backbones.atomic import check_writable
 from backbones.attention_maps import last_blocks, record_attention
-from tasks.config.keys import ConfigError
 from tasks.config.load import add_cfg_options, build_from_registry, load_config, torch_device
 from tasks.config.scopes import register_scope
 from tasks.figures.attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
+from tasks.runtime.cli import command_line
 
 # a family's picture kind (``Family.picture``) -> the file name suffix of its picture
 PICTURES = {"stoken": "supertokens", "hat": "attention"}
@@ -205,14 +205,12 @@ def output_path(out_dir: str, image_path: str, suffix: str, taken: set[str]) -> 
     return path
 
 
+@command_line
 def main(argv=None) -> list[str]:
     """Writes the PNGs and returns their paths."""
     args = parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.cfg_options, training=False)
-        check_writable(args.out_dir, folder=True)
-    except (ConfigError, OutputError) as e:
-        raise SystemExit(f"error: {e}") from e
+    cfg = load_config(args.config, args.cfg_options, training=False)
+    check_writable(args.out_dir, folder=True)
     register_scope(cfg.default_scope)
     from mmengine.registry import MODELS
 
