@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from backbones.atomic import atomic_write, write_json, write_text
+from backbones.atomic import atomic_write
 
-__all__ = ["Failure", "cell", "table", "section", "write_text", "write_json", "save_figure"]
+__all__ = ["Failure", "cell", "table", "section", "save_figure"]
 
 
 class Failure(str):

@@ -66,10 +66,7 @@ def _write_v1(which, path):
     if which.startswith("ckpt"):
         AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, path)
     elif which == "metrics":
-        from tasks.training import checkpoint_io
-
-        assert checkpoint_io.write_json is write_json  # the tools' JSON writer is the one the killed writer used
-        write_json(path, {"mIoU": 0.1})
+        write_json(path, {"mIoU": 0.1})  # backbones.atomic's: the tools write their JSON results with it
     else:
         save_torch({"w": torch.ones(3)}, path)
 

@@ -27,11 +27,11 @@ import argparse
 
 import torch
 
+from backbones.atomic import write_json
 from perf.backbone.scaling import SCALING_SIZES, scaling, scaling_plot, scaling_tables
 from perf.backbone.speed import run, speed_table
 from perf.backbone.variants import throughput_table, variants_table
 from perf.models import BASELINES, FAMILIES, Setting
-from perf.report import write_json
 from perf.whole_model.bench import benchmark as whole_model
 from perf.whole_model.table import table as whole_model_table
 from tasks.config.load import add_cfg_options

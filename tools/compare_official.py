@@ -23,11 +23,11 @@ import argparse
 
 import torch
 
+from backbones.atomic import write_json
 from backbones.families import get
 from perf.memory import peak_memory_gib
 from perf.models import Setting, ours_and_official
 from perf.official import REPOS, load_official, max_relative_difference
-from perf.report import write_json
 from perf.timing import time_models
 
 

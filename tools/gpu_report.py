@@ -36,11 +36,11 @@ from pathlib import Path
 
 import torch
 
+from backbones.atomic import write_text
 from perf.gpu.plan import FULL, QUICK, Budget, Models, render
 from perf.gpu.sections import compile_section, exactness, throughput, training
 from perf.models import swin_source
 from perf.official import REPOS
-from perf.report import write_text
 
 SECTIONS = dict(exactness=exactness, training=training, throughput=throughput, compile=compile_section)
 

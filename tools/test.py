@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
-from backbones.atomic import check_writable
+from backbones.atomic import check_writable, write_json
 from backbones.weights import check_checkpoint_path, load_state_dict_checked
 from tasks import build_task
 from tasks.config.load import add_cfg_options, default_work_dir, load_config
@@ -45,7 +45,6 @@ from tasks.evaluation.dump import PredictionDump, check_dump_path
 from tasks.evaluation.tta import enable_tta
 from tasks.figures.predictions import PredictionWriter
 from tasks.runtime.cli import command_line
-from tasks.training.checkpoint_io import write_json
 from tasks.training.trainer import build_trainer, releasing_process_group
 
 

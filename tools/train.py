@@ -38,13 +38,13 @@ import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from mmengine.logging import MMLogger
 
-from backbones.atomic import write_text
+from backbones.atomic import write_json, write_text
 from backbones.errors import UserError
 from tasks import build_task
 from tasks.config.load import add_cfg_options, config_text, default_work_dir, load_config
 from tasks.data.scan import check_before_training
 from tasks.runtime.quiet import quiet_mm_console
-from tasks.training.checkpoint_io import apply_load_from, write_json
+from tasks.training.checkpoint_io import apply_load_from
 from tasks.training.disk_space import DiskFullError
 from tasks.training.optim import enable_auto_scale_lr
 from tasks.training.restart import resume_checkpoint, resume_command

@@ -31,7 +31,7 @@ from backbones.families import FAMILIES, by_type_name, get
 from backbones.pretrained import CheckpointError, detect_family, state_dict_diff
 
 from ..config.scopes import register_scope
-from .checkpoints import TrainingCheckpoint, config_from_text, read_training_checkpoint, resolve_config  # noqa: F401
+from .checkpoints import read_training_checkpoint, resolve_config
 
 # meta ``weights`` -> what the tools print
 WEIGHTS = {"ema": "EMA weights", "raw": "raw weights"}

@@ -25,7 +25,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 
-from backbones.atomic import atomic_write, write_json  # noqa: F401 - write_json: the tools' JSON results
+from backbones.atomic import atomic_write
 from backbones.weights import CheckpointError, KeyReport, load_model_weights, read_checkpoint, state_dict_diff
 
 from .disk_space import disk_full_error, space_failure
