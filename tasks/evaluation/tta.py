@@ -7,6 +7,7 @@ from __future__ import annotations
 from mmengine.config import Config
 from torch import nn
 
+from ..config.keys import ConfigError
 from ..config.load import build_from_registry
 
 
@@ -32,12 +33,12 @@ class TTAPredictor:
 
 def enable_tta(cfg: Config, module, config_path: str = "the config") -> None:
     """Make ``module`` (an ``MMTaskModule``) predict with the config's ``tta_model`` and the config's test data
-    come from its ``tta_pipeline``. Refused with a ValueError when the config defines neither, or when the task
-    cannot merge its model's predictions (``module.check_tta``, e.g. mmdet's box-only ``DetTTAModel`` around a
-    Mask R-CNN)."""
+    come from its ``tta_pipeline``. Refused with a ``ConfigError`` (the tools print it as ``error: ...``) when the
+    config defines neither, or when the task cannot merge its model's predictions (``module.check_tta``, e.g.
+    mmdet's box-only ``DetTTAModel`` around a Mask R-CNN)."""
     missing = [key for key in ("tta_model", "tta_pipeline") if cfg.get(key) is None]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"--tta: {config_path} defines no {' / '.join(missing)}. Inherit them from an mmseg "
             'ADE20K base or define them as mmdet does (docs/evaluation.md, "Evaluation protocols")'
         )

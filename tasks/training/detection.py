@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from mmengine.registry import Registry
 
+from ..config.keys import ConfigError
 from ..evaluation.coco import DetectionEvaluator
 from .module import MMTaskModule
 
@@ -75,7 +76,7 @@ class DetectionModule(MMTaskModule):
         from mmdet.models import DetTTAModel
 
         if isinstance(tta, DetTTAModel) and self.with_masks:
-            raise ValueError(
+            raise ConfigError(
                 f"--tta: mmdet's DetTTAModel merges boxes only (no instance masks), so it cannot test "
                 f"{type(self.model).__name__}, which predicts instance masks. Use --tta with box-only detectors "
                 "(the RetinaNet configs), or test this config without --tta."
