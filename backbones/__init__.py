@@ -1,12 +1,15 @@
 """STViT and HAT-Net feature extractors for dense prediction (pure PyTorch).
 
 ``import backbones`` also registers ``type='STViT'`` / ``type='HATNet'`` in the mm model registries when
-mmengine is installed, so mmdet and mmseg configs can build them. ``backbones.FAMILIES`` is the family registry
-(``backbones.families``): each family's file registers its record on import.
+mmengine is installed, so mmdet and mmseg configs can build them, and the official classification models
+(``stvit_small``, ``hatnet_tiny``, ...) in timm's registry once timm is imported (``backbones.timm_models``).
+``backbones.FAMILIES`` is the family registry (``backbones.families``): each family's file registers its record on
+import.
 """
 
 import importlib.util
 
+from . import timm_models
 from ._fast_paths import enabled as fast_paths_enabled
 from ._fast_paths import fast_paths, set_fast_paths
 from .families import FAMILIES, Family, OfficialCode, create, family_of, register
@@ -33,6 +36,8 @@ __all__ = [
     "family_of",
     "register",
 ]
+
+timm_models.install()  # the families' timm models, in timm's registry once timm is imported
 
 if importlib.util.find_spec("mmengine") is not None:  # registry adapters: optional, the pure backbones need no mm
     from . import mm  # noqa: F401

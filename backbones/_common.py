@@ -80,7 +80,7 @@ def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> list[list[f
             f"drop_path_rate must be a number in [0, 1) (the last block's stochastic-depth rate, e.g. 0.1); "
             f"got {drop_path_rate!r}"
         )
-    rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+    rates = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()  # also under torch.device("meta")
     out, start = [], 0
     for d in depths:
         out.append(rates[start : start + d])

@@ -39,6 +39,42 @@ class OfficialCode:
 
 
 @dataclass(frozen=True)
+class Classifier:
+    """A family's official classification model around its backbone: what its timm models take from the family
+    (``backbones.timm_models``: one model ``<family>_<variant>`` per released variant).
+
+    Args:
+        head: ``head(channels, num_classes, pool_type, drop_rate, **head_args) -> module``: the official head on
+            the last stage's map, with the interface of ``backbones._common.LinearHead`` (``fc``, ``hidden_size``,
+            ``pool_type``, ``reset``, ``forward(x, pre_logits)``).
+        head_args: the head's own arguments in the released variants (STViT: ``projection=1024``).
+        official_keys: {official key prefix: the timm model's} for the head's tensors (``'head.': 'head.fc.'``).
+        first_conv: the backbone's first convolution (``'patch_embed.0'``), timm's ``first_conv``.
+        drop_rate: the head's dropout in the official model.
+        weights: {released variant: the direct download URL of its ImageNet-1k release, or '' where the release
+            is no direct download (a shared folder)}.
+        origin_url: the page that lists the releases.
+        paper_ids: the paper (``'arXiv:2211.11167'``).
+        license: the code's license where the repository states one.
+        crop_pct, interpolation, mean, std: the official evaluation's preprocessing (224 crops).
+    """
+
+    head: Callable[..., nn.Module]
+    official_keys: Mapping[str, str]
+    first_conv: str
+    weights: Mapping[str, str]
+    origin_url: str
+    paper_ids: str
+    head_args: Mapping[str, object] = field(default_factory=dict)
+    drop_rate: float = 0.0
+    license: str | None = None
+    crop_pct: float = 0.875
+    interpolation: str = "bicubic"
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
 class Family:
     """What the project asks of a backbone family.
 
@@ -65,6 +101,8 @@ class Family:
         options: constructor arguments of its own that the measuring tools pass through (``'stoken_size'``).
         head_cost: ``head_cost(channels) -> (params, MACs at 224x224)`` of the official classification head that
             the backbone leaves out (``perf.backbone.variants``); None: no head.
+        classifier: the official classification model (its head, weights, preprocessing) for the family's timm
+            models; None: no timm models.
     """
 
     name: str
@@ -84,6 +122,7 @@ class Family:
     official: OfficialCode | None = None
     options: frozenset[str] = field(default_factory=frozenset)
     head_cost: Callable[[int], tuple[int, int]] | None = None
+    classifier: Classifier | None = None
 
 
 FAMILIES: dict[str, Family] = {}

@@ -38,7 +38,8 @@ from ._common import (
     shape_dependent_branches_traced,
 )
 from .attention_maps import global_record, window_record
-from .families import Family, OfficialCode, register
+from .families import Classifier, Family, OfficialCode, register
+from .heads import LinearHead
 
 _GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
 # The released variants (official ``HAT_Net_tiny/small/medium/large``).
@@ -298,14 +299,18 @@ class HATNet(StagedBackbone):
         return ([self._downsamples()[i]] if i > 0 else []) + [self.blocks[i]]
 
     def forward(self, x):
+        return self.forward_stages(x, self.out_indices)
+
+    def forward_stages(self, x, indices: Sequence[int], until: int = NUM_STAGES - 1) -> tuple[torch.Tensor, ...]:
+        """The outputs of the stages ``indices`` (sorted), running stages 0..``until`` only."""
         check_input(x, "HATNet", self._stem_dtype())
         x = ops.dense_conv(self.patch_embed, x)  # channels_last with fast paths on (see _ops)
         outs = []
-        for i, ds in enumerate(self._downsamples()):
+        for i, ds in enumerate(self._downsamples()[: until + 1]):
             if ds is not None:
                 x = ds(x)
             x = self._run_blocks(self.blocks[i], x, i)
-            if i in self.out_indices:
+            if i in indices:
                 outs.append(self._output(i, x))
         return tuple(outs)
 
@@ -345,5 +350,16 @@ FAMILY = register(
             stages=_official_stages,
         ),
         head_cost=_head_cost,
+        classifier=Classifier(
+            first_conv="patch_embed.0",
+            head=LinearHead,
+            official_keys={"classifier.1.": "head.fc."},
+            drop_rate=0.2,
+            weights={
+                v: f"https://github.com/yun-liu/HAT-Net/releases/download/v2.0/HAT-Net_{v.title()}.pth" for v in ARCHS
+            },
+            origin_url="https://github.com/yun-liu/HAT-Net",
+            paper_ids="arXiv:2106.03180",
+        ),
     )
 )

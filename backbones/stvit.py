@@ -31,7 +31,8 @@ from ._common import (
     resolve_arch,
 )
 from .attention_maps import stoken_record
-from .families import Family, OfficialCode, register
+from .families import Classifier, Family, OfficialCode, register
+from .heads import LinearHead, global_pool
 
 # The released variants (official ``stvit_small/base/large``).
 ARCHS = {
@@ -382,16 +383,34 @@ class STViT(StagedBackbone):
         return ([self.layers[i - 1].downsample] if i > 0 else []) + mods
 
     def forward(self, x):
+        return self.forward_stages(x, self.out_indices)
+
+    def forward_stages(self, x, indices: Sequence[int], until: int = NUM_STAGES - 1) -> tuple[torch.Tensor, ...]:
+        """The outputs of the stages ``indices`` (sorted), running stages 0..``until`` only."""
         check_input(x, "STViT", self._stem_dtype())
         x = self.patch_embed(x)  # channels_last with fast paths on (ops.dense_conv, see _ops)
         outs = []
-        for i, layer in enumerate(self.layers):
+        for i in range(until + 1):
+            layer = self.layers[i]
             x = self._run_blocks(layer.blocks, x, i)
-            if i in self.out_indices:
+            if i in indices:
                 outs.append(self._output(i, x))
-            if layer.downsample is not None:
+            if i < until and layer.downsample is not None:
                 x = layer.downsample(x)
         return tuple(outs)
+
+
+class ClassifierHead(LinearHead):
+    """The official classification head: 1x1 conv to ``projection`` channels, BatchNorm, swish, then global pool,
+    dropout and linear (official keys ``proj.``, ``norm.``, ``head.``)."""
+
+    def __init__(self, channels, num_classes=1000, pool_type="avg", drop_rate=0.0, projection=1024):
+        super().__init__(projection, num_classes, pool_type, drop_rate)
+        self.proj = nn.Conv2d(channels, projection, 1)
+        self.norm = nn.BatchNorm2d(projection)
+
+    def pre_logits(self, x):
+        return global_pool(F.silu(self.norm(self.proj(x))), self.pool_type)
 
 
 # --- the family record (backbones.families) -------------------------------------------------------------
@@ -460,5 +479,16 @@ FAMILY = register(
         ),
         options=frozenset({"stoken_size"}),
         head_cost=_head_cost,
+        classifier=Classifier(
+            first_conv="patch_embed.proj.0",
+            license="mit",
+            head=ClassifierHead,
+            head_args={"projection": 1024},
+            official_keys={"proj.": "head.proj.", "norm.": "head.norm.", "head.": "head.fc."},
+            # the releases are files in a shared Google Drive folder (stvit-small-224.pth, ...): no direct URL
+            weights={variant: "" for variant in ARCHS},
+            origin_url="https://github.com/hhb072/STViT",
+            paper_ids="arXiv:2211.11167",
+        ),
     )
 )
