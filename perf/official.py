@@ -2,8 +2,10 @@
 local copy and run unchanged; only the loop over its stages is ours. It returns each stage's last-block output,
 the tensors our backbones return.
 
-Packages the files import at the top but this project does not install (timm; for STViT also fvcore and
-scipy, which it uses only in its own test code) get minimal stand-ins while the file's imports run.
+Packages the files import at the top but this project does not install (fvcore and scipy, which STViT uses only
+in its own test code) get minimal stand-ins while the file's imports run, and so does timm, installed or not: the
+files' ``@register_model`` would replace this project's timm models of the same names (``stvit_small``, ...) in
+timm's registry, and they import from module paths that timm deprecates.
 """
 
 from __future__ import annotations
@@ -60,10 +62,11 @@ def load_official(path) -> tuple[types.ModuleType, str]:
     path = Path(path)
     if not path.is_file():
         raise SystemExit(f"official model file {path} not found: clone {REPOS} and pass that file")
-    absent = {top for top in {name.split(".")[0] for name in _STANDINS} if importlib.util.find_spec(top) is None}
+    tops = {name.split(".")[0] for name in _STANDINS}
+    replaced = {top for top in tops if top == "timm" or importlib.util.find_spec(top) is None}
     standins = {}
     for name, attrs in _STANDINS.items():
-        if name.split(".")[0] in absent:
+        if name.split(".")[0] in replaced:
             standins[name] = types.ModuleType(name)
             standins[name].__dict__.update(attrs)
     saved = {name: sys.modules.get(name) for name in standins}
