@@ -20,12 +20,13 @@ import torch
 from ._fast_paths import fast_paths
 from .atomic import atomic_write, plain_meta
 from .errors import UserError
-from .families import get
-from .pretrained import SAFETENSORS_META_KEY, CheckpointError, read_checkpoint
+from .families import family_of, get
+from .pretrained import SAFETENSORS_META_KEY, CheckpointError, arch_signature, load_pretrained, read_checkpoint
 from .weights import state_dict_diff
 
-FORMATS = ("pth", "safetensors", "official", "onnx")
+FORMATS = ("pth", "safetensors", "official", "onnx", "timm")
 EXTENSIONS = {"pth": (".pth", ".pt"), "official": (".pth", ".pt"), "safetensors": (".safetensors",), "onnx": (".onnx",)}
+TIMM_FILES = ("config.json", "model.safetensors")  # what timm.models.save_for_hf writes
 EXPORT_VERSION = 1
 # official keys with no counterpart in our backbones (the classification head): left out, for the user to fill
 
@@ -53,6 +54,10 @@ def resolve_format(out: str | os.PathLike, fmt: str | None = None) -> str:
         )
     if fmt not in FORMATS:
         raise ExportError(f"Unknown format {fmt!r}; choose one of {list(FORMATS)}.")
+    if fmt == "timm":  # a folder, any name
+        if os.path.isfile(out):
+            raise ExportError(f"A timm export is a folder ({', '.join(TIMM_FILES)}); {out!r} is a file.")
+        return fmt
     if ext not in EXTENSIONS[fmt]:
         raise ExportError(
             f"Format {fmt!r} does not match the extension of {out!r}: a {fmt} export must be "
@@ -144,6 +149,11 @@ def save_backbone(
     fmt = resolve_format(out, fmt)
     # the meta records the model's family and arch: tensors of another model would make an export that no
     # model of that arch loads
+    if fmt == "timm" and getattr(model, "norm_out", False):
+        raise ExportError(
+            "The backbone has output norms (norm_out=True), which the timm models do not have. Export with "
+            "--format pth or safetensors instead."
+        )
     diff = state_dict_diff(sd, model.state_dict())
     if diff:
         raise ExportError(
@@ -166,7 +176,11 @@ def save_backbone(
             "sha256": tensor_sha256(sd),
         }
     )
-    if fmt == "onnx":
+    if fmt == "timm":
+        timm_model = timm_classifier(model, with_head=False)
+        timm_model.backbone.load_state_dict(sd, strict=True)
+        save_timm(timm_model, out, meta)
+    elif fmt == "onnx":
         with_weights = copy.deepcopy(model)
         with_weights.load_state_dict(sd, strict=True)
         export_onnx(with_weights, out, meta=meta)
@@ -221,6 +235,95 @@ def _verify_onnx(path: str) -> dict:
     if "meta" not in props:
         raise CheckpointError(f"{path!r} is an ONNX graph without our export's metadata ('meta'): not an export.")
     return json.loads(props["meta"])
+
+
+# --- timm ------------------------------------------------------------------------------------------------
+def timm_classifier(backbone: torch.nn.Module, with_head: bool, **kwargs) -> torch.nn.Module:
+    """The timm model (``backbones.timm_models``) of a backbone's family and arch, without weights: named after
+    the released variant of that arch, else after the family's first (its ``arch`` says the rest)."""
+    import timm
+
+    family = get(backbone.family)
+    if family.classifier is None:
+        raise ExportError(f"The {family.name} family has no timm models (its record gives no classifier).")
+    with torch.device("meta"):
+        variant = next((v for v in family.released if family.cls(v).arch == backbone.arch), None)
+    name = f"{family.name}_{variant or family.released[0]}"
+    num_classes = kwargs.pop("num_classes", 1000 if with_head else 0)
+    return timm.create_model(name, arch=backbone.arch, with_head=with_head, num_classes=num_classes, **kwargs)
+
+
+def save_timm(model: torch.nn.Module, out: str | os.PathLike, meta: Mapping) -> None:
+    """Write a timm model into the folder ``out`` as timm's hub tools do (``timm.models.save_for_hf``):
+    ``config.json`` (architecture, model_args, pretrained_cfg; ``meta`` under "meta") and ``model.safetensors``.
+    The folder is written whole next to ``out``, then renamed onto it; an ``out`` that holds anything but an
+    earlier timm export is refused."""
+    import shutil
+    import tempfile
+
+    from timm.models import save_for_hf
+
+    out = os.path.abspath(os.fspath(out))
+    if os.path.isdir(out) and set(os.listdir(out)) - set(TIMM_FILES):
+        raise ExportError(
+            f"{out!r} holds other files than a timm export's ({', '.join(TIMM_FILES)}): give a new or empty folder."
+        )
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=os.path.dirname(out))
+    try:
+        save_for_hf(model, tmp, model_config={"meta": plain_meta(dict(meta))}, safe_serialization=True)
+        for name in TIMM_FILES:
+            with open(os.path.join(tmp, name), "rb") as f:
+                os.fsync(f.fileno())
+        if os.path.isdir(out):  # an earlier export: moved aside, then removed once the new one is in place
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".old", dir=os.path.dirname(out))
+            os.replace(out, os.path.join(old, "export"))
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def export_release(path: str | os.PathLike, out: str | os.PathLike, fmt: str | None = None) -> dict:
+    """Export an official release (``{'model': ...}``, as downloaded) of a released variant; the ``timm`` format
+    keeps its classification head. Returns the meta that was recorded."""
+    fmt = resolve_format(out, fmt)
+    obj, _ = read_checkpoint(path)
+    sd = obj["model"]
+    family = family_of(sd)
+    if family is None:
+        raise CheckpointError(f"{os.fspath(path)!r} holds no backbone of a registered family.")
+    signature = arch_signature(sd, family.name)
+    with torch.device("meta"):  # the variants' keys and shapes, no memory
+        variants = {v: arch_signature(family.cls(v).state_dict(), family.name) for v in family.released}
+    variant = next((v for v, sig in variants.items() if sig == signature), None)
+    if variant is None:
+        raise CheckpointError(
+            f"{os.fspath(path)!r} is a {family.title} of channels and depths {signature}, which no released "
+            f"variant ({', '.join(family.released)}) has: export the checkpoint of a training run instead."
+        )
+    backbone = family.cls(variant)
+    load_pretrained(backbone, obj)
+    provenance = {
+        "source": {"checkpoint": os.fspath(path), "kind": "official release"},
+        "variant": variant,
+        "weights": "raw",  # the release's 'model' entry, as the official evaluation loads it (not 'model_ema')
+        "step": None,
+        "epoch": obj.get("epoch") if isinstance(obj.get("epoch"), int) else None,
+        "metrics": {},
+    }
+    if fmt != "timm":
+        return save_backbone(backbone.state_dict(), backbone, out, fmt, provenance)
+    model = timm_classifier(backbone, with_head=True)
+    model.load_pretrained(path)
+    sd = model.state_dict()
+    meta = {**provenance, "export_version": EXPORT_VERSION, "format": fmt, "family": family.name}
+    meta.update(arch=backbone.arch, num_tensors=len(sd), num_params=sum(t.numel() for t in sd.values()))
+    meta = plain_meta({**meta, "sha256": tensor_sha256(sd)})
+    save_timm(model, out, meta)
+    return meta
 
 
 # --- ONNX ------------------------------------------------------------------------------------------------

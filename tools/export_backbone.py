@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Export the backbone of a trained detector / segmentor, for sharing or for initialising another model.
 
-    python tools/export_backbone.py CHECKPOINT --out FILE [--format pth|safetensors|official|onnx] [--config CONFIG]
-                                    [--raw-weights]
+    python tools/export_backbone.py CHECKPOINT --out FILE [--format pth|safetensors|official|onnx|timm]
+                                    [--config CONFIG] [--raw-weights]
 
-CHECKPOINT: a Lightning ``.ckpt`` from tools/train.py, or an mm-format checkpoint (``state_dict`` with
-``backbone.*`` keys, e.g. from tools/export_model.py). The backbone's family and arch come from the config
-stored in the checkpoint or from ``--config`` (the training config; ``model.backbone``).
+CHECKPOINT: a Lightning ``.ckpt`` from tools/train.py, an mm-format checkpoint (``state_dict`` with
+``backbone.*`` keys, e.g. from tools/export_model.py), or an official release as downloaded (``{'model': ...}``,
+its variant read from its shapes). The backbone's family and arch come from the config stored in the checkpoint
+or from ``--config`` (the training config; ``model.backbone``).
 
 Formats (default: from the extension of FILE):
   pth          .pth/.pt          {'state_dict': backbone tensors (official key names), 'meta': {...}}
@@ -17,6 +18,10 @@ Formats (default: from the extension of FILE):
                                  (batch, 3, height, width), outputs "stage0".."stage3" (the selected stages'
                                  feature maps, strides 4..32), batch / height / width dynamic; meta as JSON
                                  in the graph's metadata "meta" (backbones.export.export_onnx)
+  timm         a folder          what timm's hub tools write: config.json (architecture, model_args,
+                                 pretrained_cfg; meta under "meta") and model.safetensors, for
+                                 timm.create_model('local-dir:FOLDER', pretrained=True); an official release
+                                 keeps its classification head
 meta records family, arch, out_indices, the config, step, epoch, the last validation metrics and the
 tensors' sha256. Any of the first three loads with ``backbones.load_pretrained`` or
 ``init_cfg=dict(type='Pretrained', checkpoint=FILE)``.
@@ -36,8 +41,10 @@ from tasks.runtime.cli import command_line
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="Lightning .ckpt or mm-format checkpoint: a path or an http(s) URL")
-    parser.add_argument("--out", required=True, help="output file (.pth / .pt / .safetensors / .onnx)")
+    parser.add_argument("checkpoint", help="Lightning .ckpt, mm-format checkpoint or official release: path or URL")
+    parser.add_argument(
+        "--out", required=True, help="output file (.pth / .pt / .safetensors / .onnx), a folder for timm"
+    )
     parser.add_argument("--format", choices=FORMATS, help="default: inferred from the extension of --out")
     parser.add_argument("--config", help="training config (needed when the checkpoint does not store it)")
     parser.add_argument(

@@ -21,6 +21,7 @@ from backbones.export import (
     EXTENSIONS,
     ExportError,
     canonical_state_dict,
+    export_release,
     plain_meta,
     resolve_format,
     save_backbone,
@@ -29,6 +30,7 @@ from backbones.export import (
 )
 from backbones.families import FAMILIES, by_type_name, get
 from backbones.pretrained import CheckpointError, detect_family, state_dict_diff
+from backbones.weights import check_checkpoint_path, is_state_dict, read_checkpoint
 
 from ..config.scopes import register_scope
 from .checkpoints import read_training_checkpoint, resolve_config
@@ -118,14 +120,22 @@ def export_backbone(
     ``weights``: ``'ema'`` or ``'raw'``).
 
     Args:
-        checkpoint: a Lightning checkpoint of ``tools/train.py`` or an mm-format checkpoint.
-        out: the file to write: ``.pth`` / ``.pt`` or ``.safetensors``.
-        fmt: ``'pth'``, ``'safetensors'`` or ``'official'``; None: from the extension of ``out``.
+        checkpoint: a Lightning checkpoint of ``tools/train.py``, an mm-format checkpoint, or an official release
+            (``backbones.export.export_release``: its variant from its shapes; ``timm`` keeps its head).
+        out: the file to write: ``.pth`` / ``.pt``, ``.safetensors``, ``.onnx``, or the folder of a ``timm`` export.
+        fmt: ``'pth'``, ``'safetensors'``, ``'official'``, ``'onnx'`` or ``'timm'``; None: from the extension of
+            ``out``.
         config: the training config; None: the one the checkpoint stores.
         raw_weights: export the raw trained weights of a checkpoint with model EMA (default: the average).
     """
     resolve_format(out, fmt)  # before any work: a wrong extension fails fast
-    ckpt = read_training_checkpoint(checkpoint)
+    try:
+        ckpt = read_training_checkpoint(checkpoint)
+    except CheckpointError:
+        obj, _ = read_checkpoint(check_checkpoint_path(checkpoint))
+        if isinstance(obj, Mapping) and is_state_dict(obj.get("model")):  # an official release, as downloaded
+            return export_release(check_checkpoint_path(checkpoint), out, fmt)
+        raise
     model_sd, weights = ckpt.weights(raw_weights)
     sd = backbone_tensors(model_sd, repr(ckpt.path))
     cfg, config_info = resolve_config(ckpt, config)
