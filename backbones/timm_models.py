@@ -91,6 +91,8 @@ class TimmModel(nn.Module):
         if drop_path_rate:
             backbone_args["drop_path_rate"] = drop_path_rate
         self.backbone = get(family).cls(arch, **backbone_args)
+        if self.backbone.frozen_stages < 0:
+            _unused_as_buffers(self.backbone)
         self.num_features = self.backbone.stage_channels[-1]
         self.num_stages = NUM_STAGES
         self.feature_info = [dict(i, module=f"backbone.{i['module']}") for i in self.backbone.feature_info]
@@ -186,6 +188,18 @@ class TimmModel(nn.Module):
                 "file of this variant, or build the model with the file's arch (arch=...)."
             )
         self.load_state_dict(sd, strict=False)
+
+
+def _unused_as_buffers(backbone: nn.Module) -> None:
+    """The parameters a backbone freezes as it is built (HAT-Net's ``proj_norm``: defined, never used by the
+    official forward) become buffers of the same names: the keys stay, and timm's optimizers and tests see only
+    parameters that get gradients."""
+    for name, p in list(backbone.named_parameters()):
+        if not p.requires_grad:
+            owner, _, attr = name.rpartition(".")
+            module = backbone.get_submodule(owner)
+            del module._parameters[attr]
+            module.register_buffer(attr, p.detach())
 
 
 def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor], model: TimmModel) -> dict[str, torch.Tensor]:
