@@ -1,6 +1,6 @@
 """The family registry (backbones.families): a third family registered here, in the test alone, goes through
 the export (plain and official layout), the weight loading, the benchmark's model builder (perf.models, the
-official-code adapter included) and the attention maps without any other file knowing it."""
+official-code adapter included), the attention maps and timm's registry without any other file knowing it."""
 
 import re
 import types
@@ -14,7 +14,8 @@ from backbones import FAMILIES, Family, OfficialCode, create, family_of, load_pr
 from backbones._common import NUM_STAGES, Probe, StagedBackbone, check_input, resolve_arch
 from backbones.attention_maps import last_blocks, record_attention
 from backbones.export import ExportError, read_export, save_backbone, verify_export
-from backbones.families import register, unregister
+from backbones.families import Classifier, register, unregister
+from backbones.heads import LinearHead
 from perf.models import build, ours_and_official
 from perf.official import max_relative_difference
 
@@ -62,11 +63,14 @@ class ToyNet(StagedBackbone):
         return ([self.downs[i - 1]] if i else []) + [self.stages[i]]
 
     def forward(self, x):
+        return self.forward_stages(x, self.out_indices)
+
+    def forward_stages(self, x, indices, until=NUM_STAGES - 1):
         check_input(x, "ToyNet")
         x, outs = self.stem(x), []
-        for i in range(NUM_STAGES):
+        for i in range(until + 1):
             x = self._run_blocks(self.stages[i], x if i == 0 else self.downs[i - 1](x), i)
-            if i in self.out_indices:
+            if i in indices:
                 outs.append(self._output(i, x))
         return tuple(outs)
 
@@ -187,3 +191,28 @@ def test_official_layout_is_refused_for_a_family_without_official_code(toy, tmp_
     with pytest.raises(ExportError, match="no official model.*--format pth"):
         save_backbone(model.state_dict(), model, tmp_path / "toy.pth", "official")
     assert not (tmp_path / "toy.pth").exists()
+
+
+def test_a_third_family_with_a_classifier_becomes_a_timm_model(tmp_path):
+    import timm
+
+    official_head = Classifier(
+        head=LinearHead, official_keys={"head.": "head.fc."}, first_conv="stem", weights={"one": ""},
+        origin_url="toy", paper_ids="none",
+    )  # fmt: skip
+    register(Family(**{**TOY.__dict__, "classifier": official_head}))
+    try:
+        assert "toy_one" in timm.list_models(module="timm_models")
+        official = OFFICIAL.toy_one()
+        path = tmp_path / "toy_release.pth"
+        torch.save({"model": official.state_dict()}, path)
+        overlay = dict(file=str(path))
+        model = timm.create_model("toy_one", pretrained=True, pretrained_cfg_overlay=overlay, num_classes=10).eval()
+        x = torch.randn(2, 3, 64, 96)
+        with torch.no_grad():
+            pooled = official.eval()(x)[-1].mean((2, 3))
+            torch.testing.assert_close(model(x), official.head(pooled), rtol=0, atol=0)
+            features = timm.create_model("toy_one", features_only=True, out_indices=(1, 3))
+            assert [f.shape[1] for f in features(x)] == [16, 64]
+    finally:
+        unregister("toy")
