@@ -247,7 +247,8 @@ def test_checkpoint_write_is_atomic(tmp_path):
 def test_plot_curves_draws_every_loss_lr_and_metric_of_each_run(det_run, tmp_path):
     import shutil
 
-    plot_curves = load_tool("plot_curves")
+    from tasks.figures import curves as plot_curves
+
     work_dir, metrics = str(det_run.work_dir), det_run.metrics
     other = tmp_path / "run_b"  # a second run: the same logs under another work dir
     shutil.copytree(osp.join(work_dir, "logs"), other / "logs")

@@ -32,7 +32,8 @@ def mmdet_cal_train_time(epochs: dict, include_outliers: bool) -> str:
 
 
 def test_training_logs_iteration_times(det_run):
-    plot_curves = load_tool("plot_curves")
+    from tasks.figures import curves as plot_curves
+
     with open(next(Path(det_run.work_dir).glob("logs/version_*/metrics.csv")), newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
     assert len(rows) == 2  # the run's two training steps, each with its time

@@ -285,13 +285,16 @@ def test_tool_draws_hatnet_attention_from_a_lightning_checkpoint(seg_run, pictur
 def test_the_input_is_the_test_pipelines_and_maps_go_back_to_original_pixels(picture):
     from tasks.config.load import load_config
     from tasks.config.scopes import register_scope
+    from tasks.figures import attention_run
     from tasks.figures.attention import map_pixel, to_image
 
     cfg = load_config(DET_CFG)
     register_scope(cfg.default_scope)
     from mmdet.registry import MODELS
 
-    image = viz_tool.prepare(picture, viz_tool.test_pipeline(cfg), MODELS.build(cfg.model.data_preprocessor), "cpu")
+    image = attention_run.prepare(
+        picture, attention_run.test_pipeline(cfg), MODELS.build(cfg.model.data_preprocessor), "cpu"
+    )
     # Resize to fit 192 x 192 keeping the ratio (150 x 110 -> 192 x 141), pad to a multiple of 32
     assert image.original.shape == (110, 150, 3) and image.img_shape == (141, 192)
     assert tuple(image.inputs.shape) == (1, 3, 160, 192)

@@ -1,0 +1,173 @@
+"""What tools/visualize_attention.py does: the config's backbone with a checkpoint's weights, each image
+prepared as the model sees it in testing, the attention recorded in its forward pass and drawn
+(``tasks.figures.attention``)."""
+
+from __future__ import annotations
+
+import os
+import os.path as osp
+
+import torch
+
+from backbones import FAMILIES, CheckpointError, family_of, load_pretrained
+from backbones.attention_maps import last_blocks, record_attention
+from tasks.config.load import build_from_registry
+from tasks.config.scopes import register_scope
+from tasks.figures.attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
+
+# a family's picture kind (``Family.picture``) -> the file name suffix of its picture
+PICTURES = {"stoken": "supertokens", "hat": "attention"}
+
+
+def build_backbone(cfg, checkpoint: str, device: str):
+    """The config's backbone with the checkpoint's backbone weights, in eval mode."""
+    bcfg = (cfg.get("model") or {}).get("backbone")
+    type_name = str((bcfg or {}).get("type", "")).rpartition(".")[2]
+    drawable = [f.type_name for f in FAMILIES.values() if f.picture in PICTURES]
+    if type_name not in drawable:
+        raise SystemExit(
+            f"error: {cfg.filename}: model.backbone.type is {type_name or None!r}; attention maps are "
+            f"drawn for {' and '.join(drawable)} backbones only."
+        )
+    from mmengine.registry import MODELS
+
+    bcfg = dict(bcfg, init_cfg=None)  # every weight comes from CHECKPOINT, nothing from the config's init_cfg
+    backbone = build_from_registry(MODELS, bcfg, "model.backbone")
+    try:
+        report = load_pretrained(backbone, checkpoint)
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}") from e
+    print(report)
+    return backbone.to(device).eval()
+
+
+def test_pipeline(cfg):
+    """The config's test pipeline without its annotation loading (there are none for an arbitrary image)."""
+    from mmengine.dataset import Compose
+
+    section = cfg.get("test_dataloader") or {}
+    steps = (section.get("dataset") or {}).get("pipeline")
+    if not steps:
+        raise SystemExit(
+            f"error: {cfg.filename}: test_dataloader.dataset.pipeline is missing: the image would not "
+            "be prepared as the model sees it. Add the test pipeline to the config."
+        )
+    return Compose([dict(s) for s in steps if not str(s.get("type", "")).endswith("LoadAnnotations")])
+
+
+def prepare(path: str, pipeline, preprocessor, device: str) -> PreparedImage:
+    """Run one image through the test pipeline and the model's data preprocessor (as in testing)."""
+    import mmcv
+    from mmengine.dataset import pseudo_collate
+
+    if not osp.isfile(path):
+        raise SystemExit(f"error: image {path!r} does not exist")
+    try:
+        original = mmcv.imread(path, channel_order="rgb")
+    except Exception as e:  # cv2 / PIL raise a variety of errors for unreadable files
+        raise SystemExit(f"error: cannot read image {path!r}: {e}") from e
+    if original is None:
+        raise SystemExit(f"error: cannot read image {path!r}: not an image file that OpenCV can decode")
+    packed = pipeline(dict(img_path=path))
+    data = preprocessor(pseudo_collate([packed]), training=False)
+    meta = data["data_samples"][0].metainfo
+    scale = meta.get("scale_factor", (1.0, 1.0))
+    return PreparedImage(
+        path, original, data["inputs"].to(device), tuple(meta["img_shape"][:2]), (float(scale[0]), float(scale[1]))
+    )
+
+
+def query_point(point, image: PreparedImage) -> tuple[float, float]:
+    """The query (x, y) in original-image pixels (``point``, default the centre), checked to lie inside the
+    image."""
+    H, W = image.original.shape[:2]
+    x, y = point if point is not None else ((W - 1) / 2, (H - 1) / 2)
+    if not (0 <= x < W and 0 <= y < H):
+        raise SystemExit(
+            f"error: --point {x:g} {y:g} lies outside {image.path!r} ({W}x{H} pixels): give X in "
+            f"[0, {W}) and Y in [0, {H})"
+        )
+    return x, y
+
+
+def select_stages(backbone, stages=None, stoken=None) -> list[int]:
+    """The stages to draw: ``--stages``, else every stage with a map (the family's ``attention_stages``)."""
+    family = family_of(backbone)
+    with_maps = family.attention_stages(backbone)
+    if not with_maps:
+        raise SystemExit(
+            f"error: this {family.type_name} has no stage with an attention map to draw ({family.no_map_reason})"
+        )
+    stages = stages if stages is not None else with_maps
+    without = [i for i in stages if i in range(4) and i not in with_maps]
+    if without:
+        raise SystemExit(f"error: --stages {without}: {family.no_map_reason}; stages with a map: {with_maps}")
+    bad = [i for i in stages if i not in range(4)]
+    if bad:
+        raise SystemExit(f"error: --stages {bad}: stages are 0, 1, 2, 3")
+    if stoken is not None and len(stoken) not in (1, len(stages)):
+        raise SystemExit(
+            f"error: --stoken takes one index for all stages or one per drawn stage ({len(stages)}: "
+            f"{stages}); got {len(stoken)}"
+        )
+    return sorted(set(stages))
+
+
+def chosen_stokens(indices, records: dict, point, image: PreparedImage) -> dict[int, int]:
+    """{stage: super token to show}: ``--stoken`` (one for all stages or one per stage), else the one under
+    the point."""
+    chosen = {}
+    for n, (stage, rec) in enumerate(sorted(records.items())):
+        (hh, ww), (h, w) = rec["grid"], rec["stoken_size"]
+        if indices is None:
+            row, col = map_pixel(point, stage_stride(stage), image)
+            chosen[stage] = row // h * ww + col // w
+            continue
+        token = indices[n if len(indices) > 1 else 0]
+        if not 0 <= token < hh * ww:
+            raise SystemExit(
+                f"error: --stoken {token}: stage {stage} of {image.path!r} has {hh}x{ww} super tokens "
+                f"(flat row-major indices 0..{hh * ww - 1})"
+            )
+        chosen[stage] = token
+    return chosen
+
+
+def output_path(out_dir: str, image_path: str, suffix: str, taken: set[str]) -> str:
+    stem = osp.splitext(osp.basename(image_path))[0]
+    path, n = osp.join(out_dir, f"{stem}_{suffix}.png"), 1
+    while path in taken:  # two images with the same name in different directories
+        path, n = osp.join(out_dir, f"{stem}-{n}_{suffix}.png"), n + 1
+    taken.add(path)
+    return path
+
+
+def draw_attention(cfg, checkpoint: str, images, out_dir: str, stages=None, point=None, stoken=None, device="cpu"):
+    """Draw each image's attention picture into ``out_dir`` (tools/visualize_attention.py says what it shows) and
+    return the PNGs' paths: ``cfg`` builds the backbone, loaded from ``checkpoint``, and prepares the images;
+    ``stages``, ``point`` and ``stoken`` are the tool's ``--stages``, ``--point`` and ``--stoken``."""
+    register_scope(cfg.default_scope)
+    from mmengine.registry import MODELS
+
+    backbone = build_backbone(cfg, checkpoint, device)
+    stages = select_stages(backbone, stages, stoken)
+    preprocessor = build_from_registry(MODELS, dict(cfg.model.data_preprocessor), "model.data_preprocessor")
+    pipeline = test_pipeline(cfg)
+    blocks = [key for key in last_blocks(backbone) if key[0] in stages]
+    os.makedirs(out_dir, exist_ok=True)
+    written, taken = [], set()
+    for path in images:
+        image = prepare(path, pipeline, preprocessor, device)
+        xy = query_point(point, image)
+        with torch.no_grad(), record_attention(backbone, blocks) as records:
+            backbone(image.inputs)
+        maps = {stage: records[key] for key, stage in zip(blocks, stages)}
+        picture = family_of(backbone).picture
+        out = output_path(out_dir, path, f"{backbone.family}_{PICTURES[picture]}", taken)
+        if picture == "stoken":
+            draw_stvit(out, image, maps, xy, chosen_stokens(stoken, maps, xy, image))
+        else:
+            draw_hatnet(out, image, maps, xy)
+        written.append(out)
+        print(f"wrote {out}")
+    return written
