@@ -2,6 +2,7 @@
 """Start-up of the training set at COCO train2017 scale: the project's set-up against mmdet's plain build.
 
     python tools/benchmark_startup.py [--repeats 3] [--images 118287] [--anns 828000] [--cache DIR]
+    python tools/benchmark_startup.py --imports BASELINE [--repeats 3]
 
 Writes (once, cached in ``--cache``, default ``$TMPDIR/stvit_startup_bench``) a synthetic COCO annotation
 file the size of instances_train2017.json: 118,287 images of both orientations, 80 categories with COCO's
@@ -17,6 +18,11 @@ its CPU time (less disturbed than wall time on a shared machine), and the child'
 (VmHWM, imports included: the same libraries in both). Both use the train dataset of ``--config`` (default:
 the STViT-S Mask R-CNN paper config) pointed at the generated file. Prints each run, then the project / mmdet
 ratios of wall time, CPU time and peak memory per round (median, min, max).
+
+``--imports BASELINE`` measures the start-up itself instead: ``python -c "import backbones"`` and
+``python tools/train.py --help`` in fresh processes, in this checkout and in the checkout ``BASELINE`` (e.g. a
+worktree of another commit), round-robin, and prints this / baseline ratios of wall and CPU time per round
+(``perf/training/imports.py``).
 """
 
 from __future__ import annotations
@@ -28,11 +34,26 @@ import tempfile
 import time
 from pathlib import Path
 
+from perf.training import imports
 from perf.training.startup import PAPER_CFG, run_child, write_annotations
 
 
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} (min {min(values):.2f}, max {max(values):.2f})"
+
+
+def compare_imports(baseline: Path, rounds: int) -> dict:
+    if not (baseline / "backbones" / "__init__.py").is_file():
+        raise SystemExit(f"error: {baseline} is not a checkout of this project (no backbones/__init__.py)")
+    runs = imports.compare(baseline, rounds)
+    for command, by in runs.items():
+        for k, what in ((0, "wall"), (1, "CPU")):
+            ratios = [t[k] / b[k] for t, b in zip(by["this"], by["baseline"])]
+            print(
+                f"{command:24s} {what:4s}: this {spread([t[k] for t in by['this']])} s, baseline "
+                f"{spread([b[k] for b in by['baseline']])} s, this / baseline {spread(ratios)}"
+            )
+    return runs
 
 
 def main(argv=None) -> dict:
@@ -46,7 +67,10 @@ def main(argv=None) -> dict:
         default=os.path.join(tempfile.gettempdir(), "stvit_startup_bench"),
         help="where the generated annotation file is kept between runs",
     )
+    p.add_argument("--imports", metavar="BASELINE", help="the start-up of this checkout against the checkout BASELINE")
     args = p.parse_args(argv)
+    if args.imports:
+        return compare_imports(Path(args.imports), args.repeats)
 
     root = Path(args.cache) / f"coco_v2_{args.images}_{args.anns}"
     ann_file = root / "annotations" / "instances_train2017.json"
