@@ -29,39 +29,12 @@ import torch
 
 from backbones.atomic import write_json
 from perf.backbone.scaling import SCALING_SIZES, scaling, scaling_plot, scaling_tables
-from perf.backbone.speed import run, speed_table
+from perf.backbone.speed import rows_text, run, speed_table
 from perf.backbone.variants import throughput_table, variants_table
 from perf.models import BASELINES, FAMILIES, Setting
 from perf.whole_model.bench import benchmark as whole_model
 from perf.whole_model.table import table as whole_model_table
 from tasks.config.load import add_cfg_options
-
-
-def print_rows(rows):
-    """The rows of ``perf.backbone.speed.run``, one line each: in train mode the step and its forward and backward
-    halves (timed apart), and each ratio of ours against the reference and Swin-T (above 1: ours faster)."""
-    train = rows[0]["forward_seconds"] is not None
-    swin = next((r for r in rows if r["model"] == "swin-t"), None)
-    hdr = (
-        f"{'model':10} {'arch':>6} {'size':>9} {'mode':>5} {'params(M)':>9} {'GMACs':>7} {'s/iter':>7} "
-        + (f"{'fwd s':>6} {'bwd s':>6} " if train else "")
-        + f"{'peak GiB':>8} {'vs ref':>6}"
-        + (f" {'vs Swin-T':>9}" + (f" {'bwd vs Swin-T':>13}" if train else "") if swin else "")
-    )
-    print(hdr)
-    ratio = lambda v: f"{v:.2f}x" if v else "-"  # noqa: E731
-    for r in rows:
-        line = (
-            f"{r['model']:10} {r['arch']:>6} {r['size']:>9} {r['mode']:>5} {r['params_m']:9.1f} "
-            f"{r['gmacs']:7.1f} {r['seconds']:7.2f} "
-            + (f"{r['forward_seconds']:6.2f} {r['backward_seconds']:6.2f} " if train else "")
-            + f"{r['peak_gib']:8.2f} {ratio(r['speedup_vs_reference']):>6}"
-        )
-        if swin:
-            line += f" {ratio(r['speedup_vs_swin-t']):>9}"
-            if train:
-                line += f" {ratio(r['backward_speedup_vs_swin-t']):>13}"
-        print(line)
 
 
 def hxw(text: str) -> tuple[int, int]:
@@ -202,7 +175,7 @@ def main(argv=None):
             print(f"wrote {args.plot}")
     else:
         rows = run(setting, args.compare, memory)
-        print_rows(rows)
+        print(rows_text(rows))
     if args.json and rows is not None:
         write_json(args.json, rows)
 

@@ -10,7 +10,7 @@ It needs only torch, ``backbones``, ``perf`` and (for Swin-T) mmdet, timm or tor
 mmdet / mmseg is required, so it runs on a machine that has PyTorch and nothing of this project installed
 (``PYTHONPATH=.`` in the checkout, as above). The official model files (hhb072/STViT ``models/stvit.py``,
 yun-liu/HAT-Net ``HAT_Net.py``) are optional; they are loaded by ``perf/official.py``, as for
-``tools/compare_official.py``. The measuring is ``perf/gpu/sections.py``'s, the report ``perf/gpu/plan.py``'s.
+``tools/compare_official.py``. The run is ``perf/gpu/report.py``'s, the measuring ``perf/gpu/sections.py``'s.
 
 Sections (rows for STViT-S in its preset and the COCO configs' dense setting, HAT-Net-S, the official models
 when given, and Swin-T):
@@ -29,20 +29,14 @@ report and the run goes on; rows that would start after --budget-s seconds are s
 from __future__ import annotations
 
 import argparse
-import datetime
 import shlex
 import sys
 from pathlib import Path
 
 import torch
 
-from backbones.atomic import write_text
-from perf.gpu.plan import FULL, QUICK, Budget, Models, render
-from perf.gpu.sections import compile_section, exactness, throughput, training
-from perf.models import swin_source
+from perf.gpu.report import SECTIONS, gpu_report
 from perf.official import REPOS
-
-SECTIONS = dict(exactness=exactness, training=training, throughput=throughput, compile=compile_section)
 
 
 def parse_args(argv=None):
@@ -69,7 +63,7 @@ def parse_args(argv=None):
         "where OpenMP barriers on a busy machine cost ~30x the arithmetic)",
     )
     args = p.parse_args(argv)
-    unknown = set(args.sections.split(",")) - {"exactness", "training", "throughput", "compile"}
+    unknown = set(args.sections.split(",")) - set(SECTIONS)
     if unknown:
         p.error(f"unknown --sections {sorted(unknown)}; choose from exactness,training,throughput,compile")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -84,36 +78,20 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    plan = QUICK if args.quick else FULL
-    if args.budget_s is not None:
-        plan = plan._replace(budget_s=args.budget_s)
-    device = torch.device(args.device)
-    threads = args.threads or (1 if args.quick and device.type == "cpu" else 0)
-    if threads:
-        torch.set_num_threads(threads)
-    models = Models(args.official_stvit, args.official_hatnet, plan.shrunk)
-    budget = Budget(plan.budget_s)
-    ctx = dict(
-        plan=plan,
-        device=device,
-        quick=args.quick,
-        budget=budget,
-        notes=[],
-        command=("python tools/gpu_report.py " + shlex.join(argv)).strip(),
-        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        swin_source=swin_source(),
+    command = ("python tools/gpu_report.py " + shlex.join(argv)).strip()
+    print(
+        gpu_report(
+            command,
+            args.sections.split(","),
+            args.device,
+            args.quick,
+            args.budget_s,
+            args.threads,
+            args.official_stvit,
+            args.official_hatnet,
+            args.out,
+        )
     )
-    sections = {}
-    for name in args.sections.split(","):
-        extra = (threads,) if name == "compile" else ()
-        sections[name] = SECTIONS[name](models, plan, device, budget, ctx["notes"], *extra)
-        if args.out:  # written whole after each section: a run cut short leaves the sections done
-            write_text(args.out, render(ctx, sections))
-    ctx["finished"] = True
-    report = render(ctx, sections)
-    if args.out:
-        write_text(args.out, report)
-    print(report)
     return 0
 
 

@@ -123,3 +123,31 @@ def speed_table(s: Setting, dense_stoken_size, memory: bool = True) -> tuple[str
             )
             print(lines[-1], file=sys.stderr, flush=True)
     return "\n".join(lines), all_rows
+
+
+def rows_text(rows) -> str:
+    """The rows of ``run`` as text, one line each: in train mode the step and its forward and backward
+    halves (timed apart), and each ratio of ours against the reference and Swin-T (above 1: ours faster)."""
+    train = rows[0]["forward_seconds"] is not None
+    swin = next((r for r in rows if r["model"] == "swin-t"), None)
+    hdr = (
+        f"{'model':10} {'arch':>6} {'size':>9} {'mode':>5} {'params(M)':>9} {'GMACs':>7} {'s/iter':>7} "
+        + (f"{'fwd s':>6} {'bwd s':>6} " if train else "")
+        + f"{'peak GiB':>8} {'vs ref':>6}"
+        + (f" {'vs Swin-T':>9}" + (f" {'bwd vs Swin-T':>13}" if train else "") if swin else "")
+    )
+    lines = [hdr]
+    ratio = lambda v: f"{v:.2f}x" if v else "-"  # noqa: E731
+    for r in rows:
+        line = (
+            f"{r['model']:10} {r['arch']:>6} {r['size']:>9} {r['mode']:>5} {r['params_m']:9.1f} "
+            f"{r['gmacs']:7.1f} {r['seconds']:7.2f} "
+            + (f"{r['forward_seconds']:6.2f} {r['backward_seconds']:6.2f} " if train else "")
+            + f"{r['peak_gib']:8.2f} {ratio(r['speedup_vs_reference']):>6}"
+        )
+        if swin:
+            line += f" {ratio(r['speedup_vs_swin-t']):>9}"
+            if train:
+                line += f" {ratio(r['backward_speedup_vs_swin-t']):>13}"
+        lines.append(line)
+    return "\n".join(lines)
