@@ -294,14 +294,14 @@ def test_tta_where_the_libraries_define_it(path):
 _REAL_BACKBONES = {}
 
 
-def build_real_backbone(scope, bb_type, arch, out_indices):
-    """Built through the config's registry; once per (type, arch, out_indices) - mmdet's and mmseg's
-    registries resolve the same class."""
-    key = (bb_type, arch, out_indices)
+def build_real_backbone(scope, bb_type, arch):
+    """Built through the config's registry with its four stages; once per (type, arch) - mmdet's and mmseg's
+    registries resolve the same class, and a config's ``out_indices`` select from ``feature_info``."""
+    key = (bb_type, arch)
     if key not in _REAL_BACKBONES:
         with DefaultScope.overwrite_default_scope(scope):
             _REAL_BACKBONES[key] = registry(scope).build(
-                dict(type=bb_type, arch=arch, out_indices=out_indices, init_cfg=None)
+                dict(type=bb_type, arch=arch, out_indices=(0, 1, 2, 3), init_cfg=None)
             )
     return _REAL_BACKBONES[key]
 
@@ -310,12 +310,13 @@ def build_real_backbone(scope, bb_type, arch, out_indices):
 def test_real_backbone_channels(path):
     cfg = load(path)
     bb_cfg = cfg.model.backbone
-    backbone = build_real_backbone(cfg.default_scope, bb_cfg.type, bb_cfg.arch, tuple(bb_cfg.out_indices))
-    assert list(backbone.out_channels) == head_in_channels(cfg.model)
-    assert list(backbone.out_strides) == [4 * 2**i for i in bb_cfg.out_indices]
+    stages = build_real_backbone(cfg.default_scope, bb_cfg.type, bb_cfg.arch).feature_info
+    channels = [stages[i]["num_chs"] for i in bb_cfg.out_indices]
+    assert channels == head_in_channels(cfg.model)
+    assert [stages[i]["reduction"] for i in bb_cfg.out_indices] == [4 * 2**i for i in bb_cfg.out_indices]
     if cfg.model.get("auxiliary_head") is not None:
         aux = cfg.model.auxiliary_head
-        assert backbone.out_channels[aux.in_index] == aux.in_channels
+        assert channels[aux.in_index] == aux.in_channels
 
 
 # --------------------------------------------------------------------------------------------
