@@ -21,14 +21,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from backbones.atomic import write_json
-from backbones.families import get
-from perf.memory import peak_memory_gib
-from perf.models import Setting, ours_and_official
-from perf.official import REPOS, load_official, max_relative_difference
-from perf.timing import time_models
+from perf.backbone.against_official import compare_official, result_table
+from perf.official import REPOS
 
 
 def parse_args(argv=None):
@@ -53,58 +48,10 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def run(args) -> dict:
-    module, family = load_official(args.official)
-    if args.stoken_size and "stoken_size" not in get(family).options:
-        raise SystemExit(f"--stoken-size sets STViT's super-token sizes; the official file is {get(family).title}'s")
-    ours, official = (m.to(args.device) for m in ours_and_official(module, family, args.arch, args.stoken_size))
-    torch.manual_seed(1)
-    x = torch.randn(args.batch, 3, *args.size, device=args.device)
-    with torch.no_grad():
-        try:
-            official_outs = official.eval()(x)
-        except RuntimeError as e:  # HAT-Net's official window grids must divide every stage map
-            raise SystemExit(
-                f"the official {family} model cannot run at {args.size[0]}x{args.size[1]}: "
-                f"{str(e).splitlines()[0]} (official HAT-Net needs multiples of 224)"
-            ) from e
-        diff = max_relative_difference(official_outs, ours.eval()(x))
-    models = {"official": official, "ours": ours}
-    times = time_models(models, x, args.mode, args.precision, args.warmup, args.repeat)
-    del official, ours, models
-    result = dict(
-        family=family,
-        arch=args.arch,
-        size=f"{args.size[0]}x{args.size[1]}",
-        batch=args.batch,
-        mode=args.mode,
-        precision=args.precision,
-        stoken_size=args.stoken_size,
-        device=args.device,
-        max_relative_difference=diff,
-        official_seconds=times["official"],
-        ours_seconds=times["ours"],
-        speedup=times["official"] / times["ours"],
-    )
-    if not args.no_memory:
-        setting = Setting.of(args, family=family)
-        result["official_peak_gib"] = peak_memory_gib("official", setting)
-        result["ours_peak_gib"] = peak_memory_gib("ours", setting)
-    return result
-
-
 def main(argv=None):
     args = parse_args(argv)
-    r = run(args)
-    peaks = f"{r['official_peak_gib']:.2f} / {r['ours_peak_gib']:.2f}" if "ours_peak_gib" in r else "n/a"
-    print(
-        "| model | input | mode | official s/iter | ours s/iter | speedup | peak GiB official / ours "
-        "| max rel. diff |\n|---|---|---|---|---|---|---|---|"
-    )
-    print(
-        f"| {r['family']}-{r['arch']} | {r['size']} | {r['mode']} | {r['official_seconds']:.2f} "
-        f"| {r['ours_seconds']:.2f} | {r['speedup']:.2f}x | {peaks} | {r['max_relative_difference']:.1e} |"
-    )
+    r = compare_official(args)
+    print(result_table(r))
     if args.json:
         write_json(args.json, r)
 
