@@ -139,13 +139,13 @@ def test_a_file_of_another_variant_is_named(release):
         timm.create_model(other, pretrained=True, pretrained_cfg_overlay=dict(file=str(release["path"])))
 
 
-def test_timm_export_of_a_release_and_of_a_training_run(det_run, tmp_path):
+def test_timm_export_of_a_release_and_of_a_training_run(det_run, reference_dir, tmp_path):
     """``--format timm``: an official release keeps its head, a training run's backbone has none; both build
     and load through ``local-dir:``."""
     tool = load_tool("export_backbone")
     case = "hatnet_tiny_g8771.pt"
     cls, arch = GOLDEN_CASES[case]
-    data = torch.load(f"tests/data/{case}", weights_only=True)
+    data = torch.load(reference_dir / case, weights_only=True)
     release = tmp_path / "HAT-Net_Tiny.pth"
     torch.save({"model": data["state_dict"], "args": argparse.Namespace(model="HAT_Net_tiny")}, release)
     with pytest.raises(backbones.CheckpointError, match="no released variant"):
