@@ -11,9 +11,10 @@ import torch
 
 from backbones import FAMILIES, CheckpointError, family_of, load_pretrained
 from backbones.attention_maps import last_blocks, record_attention
-from tasks.config.load import build_from_registry
-from tasks.config.scopes import register_scope
-from tasks.figures.attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
+
+from ..config.load import build_from_registry
+from ..config.scopes import register_scope
+from .attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
 
 # a family's picture kind (``Family.picture``) -> the file name suffix of its picture
 PICTURES = {"stoken": "supertokens", "hat": "attention"}
