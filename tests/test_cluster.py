@@ -290,12 +290,12 @@ def test_main_again_in_one_process_on_the_same_work_dir_reuses_its_mm_logger(tmp
     instance, and keeps writing mm.log."""
     from mmengine.logging import MMLogger
 
-    from tests._tools import load_tool, warnings_as_errors
+    from tasks.training.process import setup_mm_logger
+    from tests._tools import warnings_as_errors
 
-    train = load_tool("train")
     with warnings_as_errors():
-        train.setup_mm_logger(str(tmp_path))
-        train.setup_mm_logger(str(tmp_path))
+        setup_mm_logger(str(tmp_path))
+        setup_mm_logger(str(tmp_path))
     logger = MMLogger.get_instance(str(tmp_path))
     logger.info("still logging")
     assert "still logging" in (tmp_path / "mm.log").read_text()

@@ -28,25 +28,22 @@ launcher the other ranks are then killed (see tasks/training/trainer.py for the 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import os.path as osp
 import sys
 import traceback
 
 import lightning as L
-from lightning.fabric.utilities.rank_zero import rank_zero_only
-from mmengine.logging import MMLogger
 
 from backbones.atomic import write_json, write_text
 from backbones.errors import UserError
 from tasks import build_task
 from tasks.config.load import add_cfg_options, config_text, default_work_dir, load_config
 from tasks.data.scan import check_before_training
-from tasks.runtime.quiet import quiet_mm_console
 from tasks.training.checkpoint_io import apply_load_from
 from tasks.training.disk_space import DiskFullError
 from tasks.training.optim import enable_auto_scale_lr
+from tasks.training.process import process_rank, setup_mm_logger
 from tasks.training.restart import resume_checkpoint, resume_command
 from tasks.training.trackers import finish_tracking
 from tasks.training.trainer import build_trainer, releasing_process_group
@@ -86,26 +83,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def setup_mm_logger(work_dir: str) -> None:
-    """mm's INFO reports (per-parameter init and paramwise options) go to WORK_DIR/mm.log, only
-    warnings to the console, which belongs to Lightning's progress bar. Ranks > 0 (known from the
-    launcher's env before Lightning starts) write no file."""
-    name = osp.abspath(work_dir)
-    if MMLogger.check_instance_created(name):
-        # main() again in this process on the same work dir (a notebook resuming the run): its logger, as it is
-        # (arguments for an existing instance are ignored, with a warning)
-        logger = MMLogger.get_instance(name)
-    elif rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
-        os.makedirs(work_dir, exist_ok=True)
-        logger = MMLogger.get_instance(name, log_file=osp.join(work_dir, "mm.log"), log_level="INFO")
-    else:
-        logger = MMLogger.get_instance(name, log_level="WARNING")
-    for handler in logger.handlers:
-        if type(handler) is logging.StreamHandler:
-            handler.setLevel(logging.WARNING)
-            quiet_mm_console(handler)
-
-
 @releasing_process_group()
 def main(argv=None, callbacks=()) -> dict:
     """Run training; ``callbacks`` are extra Lightning callbacks (tests use them to inspect ranks)."""
@@ -115,7 +92,7 @@ def main(argv=None, callbacks=()) -> dict:
         enable_auto_scale_lr(cfg, args.config)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
     ckpt = resume_checkpoint(args.resume, work_dir)
-    if args.check_data and _rank() == 0:  # before anything is built; the other ranks start after it
+    if args.check_data and process_rank() == 0:  # before anything is built; the other ranks start after it
         check_before_training(cfg, cfg.get("default_scope"), osp.join(work_dir, "check_data.json"), os.cpu_count() or 1)
 
     setup_mm_logger(work_dir)
@@ -139,15 +116,6 @@ def main(argv=None, callbacks=()) -> dict:
     return module.val_metrics
 
 
-def _rank() -> int:
-    if rank_zero_only.rank:  # set by Lightning to the global rank once the trainer exists
-        return rank_zero_only.rank
-    for var in ("RANK", "LOCAL_RANK"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
-
-
 def cli(argv=None, callbacks=()) -> None:
     """``main`` for the command line: a failure prints ``rank R failed: ...`` and exits with status 1."""
     try:
@@ -155,7 +123,7 @@ def cli(argv=None, callbacks=()) -> None:
     except Exception as e:  # noqa: BLE001 - report which process failed, then exit non-zero
         if not isinstance(e, UserError):  # a bad config, path or checkpoint: the message says it all
             traceback.print_exc()
-        print(f"rank {_rank()} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        print(f"rank {process_rank()} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 
 
