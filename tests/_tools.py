@@ -7,11 +7,33 @@ import importlib.util
 import os.path as osp
 import warnings
 
+import pytest
 import torch
 
-from backbones import HATNet, STViT
+from backbones import FAMILIES, HATNet, STViT
 from backbones.hatnet import SHRUNK as HATNET_T  # noqa: F401  (the 'shrunk' presets: defined once, there)
 from backbones.stvit import SHRUNK as STVIT_T  # noqa: F401
+
+# Every registered family's 'shrunk' preset, for the tests that cover all families: parametrize("cls,arch", SHRUNK).
+SHRUNK = [pytest.param(f.cls, f.sizes["shrunk"], id=f.name) for f in FAMILIES.values()]
+
+# What the tests need of a family beyond its record, by family name (a new family adds its row):
+# official_extras(channels): the tensors a released checkpoint holds beyond the backbone's (its head and constants);
+# fast_size: an input size at which every fast path of the 'shrunk' preset engages under the default limits.
+FAMILY_DATA = {
+    "stvit": dict(
+        official_extras=lambda c: {
+            "proj.weight": torch.zeros(8, c, 1, 1),
+            "head.weight": torch.zeros(3, 8),
+            "layers.0.blocks.0.attn.unfold.weights": torch.eye(9).reshape(9, 1, 3, 3),
+        },
+        fast_size=(333, 517),
+    ),
+    "hatnet": dict(
+        official_extras=lambda c: {"classifier.1.weight": torch.zeros(3, c)},
+        fast_size=(448, 672),
+    ),
+}
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py")
@@ -155,16 +177,7 @@ def grad_fns(y: torch.Tensor) -> set[str]:
 def official_file(model, path, **extra):
     """A checkpoint laid out like the released ones (DeiT training script)."""
     sd = dict(model.state_dict())
-    if model.family == "stvit":
-        sd.update(
-            {
-                "proj.weight": torch.zeros(8, model.stage_channels[-1], 1, 1),
-                "head.weight": torch.zeros(3, 8),
-                "layers.0.blocks.0.attn.unfold.weights": torch.eye(9).reshape(9, 1, 3, 3),
-            }
-        )
-    else:
-        sd["classifier.1.weight"] = torch.zeros(3, model.stage_channels[-1])
+    sd.update(FAMILY_DATA[model.family]["official_extras"](model.stage_channels[-1]))
     torch.save(
         {
             "model": sd,

@@ -8,10 +8,7 @@ import torch
 
 from backbones import CheckpointError, HATNet, STViT, fast_paths, load_pretrained
 from backbones.hatnet import Attention as HATAttention
-from tests._tools import HATNET_T, STVIT_T, assert_close, official_file
-
-SHRUNK = [(STViT, STVIT_T), (HATNet, HATNET_T)]
-
+from tests._tools import FAMILY_DATA, HATNET_T, SHRUNK, STVIT_T, assert_close, official_file
 
 # Each input size with the size it stands for. The fast paths engage by input size (backbones' Limits: row chunks,
 # recomputed MLP hidden layers, oneDNN and chunked attention). A quarter of the side, with the limits that grow
@@ -37,7 +34,7 @@ def limits_for(size, stands_for):
 
 
 @pytest.mark.parametrize("size", list(SIZES), ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_forward_backward_any_size(cls, arch, size):
     torch.manual_seed(0)
     model = cls(arch, drop_path_rate=0.1).train()
@@ -138,7 +135,7 @@ def test_bad_arch_and_inputs():
         model(torch.randn(1, 3, 31, 64))
 
 
-@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_frozen_stages_and_norm_eval(cls, arch):
     model = cls(arch, frozen_stages=2, norm_eval=True).train()
     frozen = {id(p) for m in model.frozen_modules() for p in m.parameters()}
@@ -173,7 +170,7 @@ def test_with_cp_same_outputs_and_grads():
         torch.testing.assert_close(p1.grad, p2.grad, msg=n)
 
 
-@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_with_cp_per_stage(cls, arch):
     """``with_cp`` as 4 bools checkpoints the chosen stages only (their blocks run again in backward) and keeps
     the outputs and gradients; anything else is rejected with the accepted forms."""
@@ -200,7 +197,7 @@ def test_with_cp_per_stage(cls, arch):
             cls(arch, with_cp=bad)
 
 
-@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_load_official_release_layout(tmp_path, cls, arch):
     torch.manual_seed(1)
     src = cls(arch).eval()
@@ -276,13 +273,12 @@ def test_norm_out_layers_are_new():
     assert model.out_norms[2].weight.grad is not None
 
 
-@pytest.mark.parametrize(
-    "cls,arch,size", [(STViT, STVIT_T, (333, 517)), (HATNet, HATNET_T, (448, 672))], ids=["stvit", "hatnet"]
-)
-def test_fast_modules_equal_literal_reference(cls, arch, size):
+@pytest.mark.parametrize("cls,arch", SHRUNK)
+def test_fast_modules_equal_literal_reference(cls, arch):
     """Forward and gradients of the fast paths equal the plain formulation (fast paths off)."""
     from tests._fast_vs_plain import outputs_and_grads
 
+    size = FAMILY_DATA[cls.family]["fast_size"]
     torch.manual_seed(0)
     model = cls(arch).eval()
     outs, ref_outs, grads = outputs_and_grads(model, torch.randn(1, 3, *size))
@@ -293,7 +289,7 @@ def test_fast_modules_equal_literal_reference(cls, arch, size):
             assert_close(g, ref_g, n)
 
 
-@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_bf16_autocast_and_half_weights(cls, arch):
     torch.manual_seed(0)
     model = cls(arch).train()
@@ -311,14 +307,14 @@ def test_bf16_autocast_and_half_weights(cls, arch):
             assert (a.float() - b).abs().max() <= 0.1 * b.abs().max()
 
 
-@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_outputs_are_contiguous_nchw(cls, arch):
     # Internals may run channels_last; consumers such as mmcv's RoIAlign read memory as NCHW.
     outs = cls(arch, norm_out=True).eval()(torch.randn(1, 3, 64, 96))
     assert all(o.is_contiguous() for o in outs)
 
 
-@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_out_of_range_options_are_refused(cls, arch):
     """Options outside their range are refused by name instead of freezing, dropping or attending silently
     differently: ``frozen_stages`` beyond the 4 stages or below -1, a ``drop_path_rate`` outside [0, 1) (1 drops
@@ -347,7 +343,7 @@ def test_bad_stoken_size_is_refused():
     assert list(STViT(STVIT_T, stoken_size=[(8, 4), 4, 2, 1]).arch["stoken_size"][0]) == [8, 4]
 
 
-@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_input_dtype_errors_name_the_fix(cls, arch):
     """A uint8 image batch or a float64 batch into float32 weights failed inside a conv with torch's "Input type
     (unsigned char) and bias type (float) should be the same"; the input check now names the dtypes and the fix.
@@ -361,7 +357,7 @@ def test_input_dtype_errors_name_the_fix(cls, arch):
         assert model(torch.zeros(1, 3, 64, 64, dtype=torch.bfloat16))[0].dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("cls,arch", SHRUNK, ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_empty_batch_gives_empty_maps_of_the_stated_shapes(cls, arch):
     """A batch of 0 images (an empty shard, a filtered batch) returns empty maps of ``output_shapes``; HAT-Net's
     head split used to fail with "cannot reshape tensor of 0 elements" on both paths."""

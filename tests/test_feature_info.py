@@ -4,12 +4,11 @@ circles: tests/test_import_cycles.py; no training framework: tests/test_layering
 import pytest
 import torch
 
-from backbones import HATNet, STViT
-from tests._tools import HATNET_T, STVIT_T
+from tests._tools import SHRUNK
 
 
 @pytest.mark.parametrize("norm_out", [False, True])
-@pytest.mark.parametrize("cls,arch", [(STViT, STVIT_T), (HATNet, HATNET_T)], ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_feature_info_names_the_modules_that_compute_the_outputs(cls, arch, norm_out):
     model = cls(arch, out_indices=(1, 2, 3), norm_out=norm_out).eval()
     captured = {}

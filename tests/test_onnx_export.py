@@ -7,9 +7,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from backbones import HATNet, STViT
+from backbones import HATNet
 from backbones.export import export_onnx
-from tests._tools import DET_CFG, HATNET_T, STVIT_T, assert_close, load_tool, warnings_as_errors
+from tests._tools import DET_CFG, HATNET_T, SHRUNK, assert_close, load_tool, warnings_as_errors
 
 # 96x128 divides by every grid; 100x140 by none (STViT pads to whole super tokens, HAT-Net has partial
 # border windows and pooled cells)
@@ -21,7 +21,7 @@ def _run(path, x):
     return session.run(None, {"image": x.numpy()})
 
 
-@pytest.mark.parametrize("cls,arch", [(STViT, STVIT_T), (HATNet, HATNET_T)], ids=["stvit", "hatnet"])
+@pytest.mark.parametrize("cls,arch", SHRUNK)
 def test_onnxruntime_equals_pytorch_at_sizes_other_than_the_export_size(cls, arch, tmp_path):
     torch.manual_seed(0)
     model = cls(arch, out_indices=(0, 1, 2, 3)).train()
