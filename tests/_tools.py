@@ -19,7 +19,8 @@ SHRUNK = [pytest.param(f.cls, f.sizes["shrunk"], id=f.name) for f in FAMILIES.va
 
 # What the tests need of a family beyond its record, by family name (a new family adds its row):
 # official_extras(channels): the tensors a released checkpoint holds beyond the backbone's (its head and constants);
-# fast_size: an input size at which every fast path of the 'shrunk' preset engages under the default limits.
+# fast_size: an input size at which every fast path of the 'shrunk' preset engages under the default limits;
+# recorded_blocks: the (stage, block)s of the 'shrunk' preset whose attention record_attention records.
 FAMILY_DATA = {
     "stvit": dict(
         official_extras=lambda c: {
@@ -28,10 +29,12 @@ FAMILY_DATA = {
             "layers.0.blocks.0.attn.unfold.weights": torch.eye(9).reshape(9, 1, 3, 3),
         },
         fast_size=(333, 517),
+        recorded_blocks=[(0, 0), (1, 0)],  # only stages with super tokens have an association to record
     ),
     "hatnet": dict(
         official_extras=lambda c: {"classifier.1.weight": torch.zeros(3, c)},
         fast_size=(448, 672),
+        recorded_blocks=[(0, 0), (1, 0), (2, 0), (2, 1), (3, 0)],  # every block: depths [1, 1, 2, 1]
     ),
 }
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backbones import STViT, _kernels, _ops, fast_paths
+from backbones import FAMILIES, STViT, _kernels, _ops, fast_paths
 from backbones._kernels import _MlpTail
+from backbones.hatnet import InvertedResidual
 from backbones.stvit import Mlp
 from tests._fast_vs_plain import outputs_and_grads
 from tests._tools import STVIT_T, assert_close, grad_fns
@@ -221,16 +222,13 @@ def test_to_nchw_hands_the_gradient_back_in_the_source_layout():
     assert x.grad.is_contiguous(memory_format=torch.channels_last) and torch.equal(x.grad, g)
 
 
-@pytest.mark.parametrize("family", ["stvit", "hatnet"])
+@pytest.mark.parametrize("family", FAMILIES.values(), ids=lambda f: f.name)
 def test_dense_convs_in_nchw_equal_channels_last(family):
     """Limits.dense_conv_nchw: the stem's and the downsamplings' dense convolutions see contiguous NCHW inputs,
     and the whole model's outputs and gradients equal those of the channels_last path and the plain reference."""
-    from backbones import HATNet
-    from tests._tools import HATNET_T
-
     torch.manual_seed(0)
-    model = (STViT(STVIT_T) if family == "stvit" else HATNet(HATNET_T)).train()
-    first = model.patch_embed.proj[0] if family == "stvit" else model.patch_embed[0]
+    model = family.cls(family.sizes["shrunk"]).train()
+    first = model.get_submodule(family.classifier.first_conv)  # the stem's dense convolution
     seen = []
     first.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
     x = torch.randn(2, 3, 72, 100)
@@ -251,18 +249,29 @@ def test_dense_convs_in_nchw_equal_channels_last(family):
                 assert_close(g, ref_g, n)
 
 
-@pytest.mark.parametrize("family,kernel", [("hatnet", 3), ("hatnet", 5), ("stvit", 3)])
-def test_row_chunked_hidden_layers_are_exact(family, kernel):
+def _inverted_residual(kernel):
+    """HAT-Net's inverted residual and its first 1x1 conv."""
+    m = InvertedResidual(8, 32, kernel)
+    return m, m.conv1[1]
+
+
+def _mlp(kernel):
+    """STViT's MLP (its depthwise conv is 3x3) and its first 1x1 conv."""
+    m = Mlp(8, 32)
+    return m, m.fc1
+
+
+@pytest.mark.parametrize(
+    "make,kernel", [(_inverted_residual, 3), (_inverted_residual, 5), (_mlp, 3)], ids=["ir-3", "ir-5", "mlp-3"]
+)
+def test_row_chunked_hidden_layers_are_exact(make, kernel):
     """The row-chunked MLP / inverted residual (halo rows for the depthwise conv) computes what the whole map
     computes: outputs and gradients of input and parameters, including the first/last rows and odd heights."""
-    from backbones.hatnet import InvertedResidual
-
     torch.manual_seed(0)
-    m = InvertedResidual(8, 32, kernel) if family == "hatnet" else Mlp(8, 32)
+    m, first_conv = make(kernel)
     x = torch.randn(2, 8, 23, 10).contiguous(memory_format=torch.channels_last).requires_grad_()
     whole = m(x)  # small map: computed whole
     calls = []  # the heights that the first 1x1 conv sees
-    first_conv = m.conv1[1] if family == "hatnet" else m.fc1
     first_conv.register_forward_pre_hook(lambda _, args: calls.append(args[0].shape[2]))
     with fast_paths(True, row_chunk_bytes=2 * 32 * 10 * 4 * 3):  # ~3 rows per chunk
         chunked = m(x)

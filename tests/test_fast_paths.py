@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import backbones
-from backbones import HATNet, STViT, fast_paths, set_fast_paths
+from backbones import FAMILIES, fast_paths, set_fast_paths
 from backbones.stvit import Attention, Mlp
 from tests._tools import grad_fns
 
@@ -50,16 +50,14 @@ def test_every_fast_path_reads_the_switch():
     assert not any(name.startswith("_") for name in plain), plain
 
 
-@pytest.mark.parametrize("family", ["stvit", "hatnet"])
+@pytest.mark.parametrize("family", FAMILIES.values(), ids=lambda f: f.name)
 def test_checkpoint_recomputation_takes_the_paths_of_its_forward(family):
     """with_cp recomputes each block in backward with the op set its forward used, even when the switch has
     changed by then: the gradients are bit-identical to a backward under the forward's setting (recomputing on
     the other path would change the saved tensors' layout or count, which checkpointing rejects, or round
     differently)."""
-    from tests._tools import HATNET_T, STVIT_T
-
     torch.manual_seed(0)
-    model = (STViT(STVIT_T, with_cp=True) if family == "stvit" else HATNet(HATNET_T, with_cp=True)).train()
+    model = family.cls(family.sizes["shrunk"], with_cp=True).train()
     x = torch.randn(2, 3, 72, 100)
     forcing = dict(row_chunk_bytes=4096, mlp_recompute_numel=0, attention_min_keys=1)
     grads = []

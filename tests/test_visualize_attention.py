@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 import backbones
-from backbones import HATNet, STViT, fast_paths
+from backbones import fast_paths
 from backbones.attention_maps import (
     attention_modules,
     global_attention_map,
@@ -20,19 +20,18 @@ from backbones.attention_maps import (
     stoken_association,
     window_attention_map,
 )
-from tests._tools import DET_CFG, SEG_CFG, load_tool
+from tests._tools import DET_CFG, FAMILY_DATA, SEG_CFG, load_tool
 from tests._tools import HATNET_T as HATNET_ARCH
-from tests._tools import STVIT_T as STVIT_ARCH
 
-# the backbones' 'shrunk' presets
-# 100 x 140 input: stage maps 25x35, 13x18, 7x9, 4x5, none a multiple of its super-token / window size, so
-# the records include padded super-token cells and partial border windows.
+# The models: each family's 'shrunk' preset. 100 x 140 input: stage maps 25x35, 13x18, 7x9, 4x5, none a multiple
+# of its super-token / window size, so the records include padded super-token cells and partial border windows.
 SIZE = (100, 140)
 
 
 def _model(family, seed=0):
     torch.manual_seed(seed)
-    model = STViT(STVIT_ARCH) if family == "stvit" else HATNet(HATNET_ARCH)
+    record = backbones.FAMILIES[family]
+    model = record.cls(record.sizes["shrunk"])
     for m in model.modules():  # non-trivial BatchNorm statistics, as after training
         if isinstance(m, torch.nn.BatchNorm2d):
             m.running_mean.normal_(0, 0.1), m.running_var.uniform_(0.5, 2.0)
@@ -50,7 +49,7 @@ def image():
     return torch.randn(2, 3, *SIZE, generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("family", ["stvit", "hatnet"])
+@pytest.mark.parametrize("family", list(backbones.FAMILIES))
 def test_recording_runs_the_plain_forward_and_records_every_block(family, image):
     model, x = _model(family), image
     with torch.no_grad(), fast_paths(False):
@@ -58,11 +57,7 @@ def test_recording_runs_the_plain_forward_and_records_every_block(family, image)
     recorded, records = _record(model, x)
     assert all(torch.equal(a, b) for a, b in zip(plain, recorded))
     assert backbones.fast_paths_enabled()  # the switch is back after the block
-    depths = model.arch["depths"]
-    if family == "stvit":  # only stages with super tokens have an association to record
-        assert sorted(records) == [(0, 0), (1, 0)]
-    else:
-        assert sorted(records) == [(i, j) for i in range(4) for j in range(depths[i])]
+    assert sorted(records) == FAMILY_DATA[family]["recorded_blocks"]
     assert not records or all(v["kind"] in ("stoken", "hat") for v in records.values())
     assert last_blocks(model) == [(0, 0), (1, 0), (2, 1), (3, 0)]  # depths [1, 1, 2, 1]
     _, nothing = _record(model, x, blocks=[])
@@ -155,7 +150,7 @@ def _autograd_nodes(y: torch.Tensor) -> set[str]:
     return {fn.name() for fn in seen}
 
 
-@pytest.mark.parametrize("family", ["stvit", "hatnet"])
+@pytest.mark.parametrize("family", list(backbones.FAMILIES))
 def test_recording_forces_the_plain_path(family, image):
     """Inside a record block the backbone computes its plain formulation whatever the switch says (the fused
     kernels never form the attention weights): no fast kernel runs, and the records are those of a plain run."""
