@@ -20,6 +20,7 @@ SHRUNK = [pytest.param(f.cls, f.sizes["shrunk"], id=f.name) for f in FAMILIES.va
 # What the tests need of a family beyond its record, by family name (a new family adds its row):
 # official_extras(channels): the tensors a released checkpoint holds beyond the backbone's (its head and constants);
 # fast_size: an input size at which every fast path of the 'shrunk' preset engages under the default limits;
+# official_folds_per_block: the constant unfold / fold tensors per block of the official layout;
 # recorded_blocks: the (stage, block)s of the 'shrunk' preset whose attention record_attention records.
 FAMILY_DATA = {
     "stvit": dict(
@@ -28,11 +29,13 @@ FAMILY_DATA = {
             "head.weight": torch.zeros(3, 8),
             "layers.0.blocks.0.attn.unfold.weights": torch.eye(9).reshape(9, 1, 3, 3),
         },
+        official_folds_per_block=2,
         fast_size=(333, 517),
         recorded_blocks=[(0, 0), (1, 0)],  # only stages with super tokens have an association to record
     ),
     "hatnet": dict(
         official_extras=lambda c: {"classifier.1.weight": torch.zeros(3, c)},
+        official_folds_per_block=0,
         fast_size=(448, 672),
         recorded_blocks=[(0, 0), (1, 0), (2, 0), (2, 1), (3, 0)],  # every block: depths [1, 1, 2, 1]
     ),

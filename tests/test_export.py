@@ -13,10 +13,10 @@ import torch
 import torch.nn as nn
 from mmengine.config import Config
 
-from backbones import CheckpointError, HATNet, STViT, load_pretrained
+from backbones import FAMILIES, CheckpointError, HATNet, STViT, load_pretrained
 from backbones.export import ExportError, read_export, tensor_sha256, verify_export
 from tasks.deploy.export import export_backbone
-from tests._tools import DET_CFG, GOLDEN_CASES, HATNET_T, STVIT_T, flat_metrics, load_tool
+from tests._tools import DET_CFG, FAMILY_DATA, GOLDEN_CASES, HATNET_T, STVIT_T, flat_metrics, load_tool
 
 EYE = torch.eye(9).reshape(9, 1, 3, 3)
 
@@ -128,7 +128,8 @@ class OfficialStandIn(nn.Module):
 
 
 def _is_head(key, family):
-    return key.startswith(("proj.", "norm.", "head.") if family == "stvit" else ("classifier.",))
+    """Whether ``key`` is one of the official classification head's tensors (the record's official key prefixes)."""
+    return key.startswith(tuple(FAMILIES[family].classifier.official_keys))
 
 
 def _official_export(tmp_path, backbone, type_name, arch, **kwargs):
@@ -161,13 +162,12 @@ def _assert_official_load(sd, manifest, family):
 def test_official_export_matches_released_key_manifest(variant, reference_dir, tmp_path):
     manifest = json.loads((reference_dir / "official_keys.json").read_text())[variant]["keys"]
     family, arch = variant.split("_")
-    cls, type_name = (STViT, "STViT") if family == "stvit" else (HATNet, "HATNet")
-    model = cls(arch)
-    out, obj = _official_export(tmp_path, model, type_name, arch)
+    model = FAMILIES[family].cls(arch)
+    out, obj = _official_export(tmp_path, model, FAMILIES[family].type_name, arch)
     assert set(obj) == {"model", "meta"} and obj["meta"]["format"] == "official"
     _assert_official_load(obj["model"], manifest, family)
     fold = [k for k in obj["model"] if k.endswith("fold.weights")]
-    assert len(fold) == (2 * sum(model.arch["depths"]) if family == "stvit" else 0)
+    assert len(fold) == FAMILY_DATA[family]["official_folds_per_block"] * sum(model.arch["depths"])
     assert all(torch.equal(obj["model"][k], EYE) for k in fold)
     load_pretrained(model, out)  # and it comes back in
 
