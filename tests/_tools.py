@@ -21,6 +21,8 @@ SHRUNK = [pytest.param(f.cls, f.sizes["shrunk"], id=f.name) for f in FAMILIES.va
 # official_extras(channels): the tensors a released checkpoint holds beyond the backbone's (its head and constants);
 # fast_size: an input size at which every fast path of the 'shrunk' preset engages under the default limits;
 # official_folds_per_block: the constant unfold / fold tensors per block of the official layout;
+# recipe: its configs' training recipe: the keys without weight decay, the (lr, weight decay)s, detection's
+# trainer precision, whether its BatchNorms need synchronising, and the backbone options of the COCO query configs;
 # recorded_blocks: the (stage, block)s of the 'shrunk' preset whose attention record_attention records.
 FAMILY_DATA = {
     "stvit": dict(
@@ -31,12 +33,26 @@ FAMILY_DATA = {
         },
         official_folds_per_block=2,
         fast_size=(333, 517),
+        recipe=dict(
+            no_decay_keys=("pos_embed", "gamma_1", "gamma_2"),
+            optimizers={(1e-4, 0.05), (6e-5, 0.01), (1e-4, 1e-4)},
+            det_precision="16-mixed",  # as Swin's detection code
+            batchnorm=True,
+            coco_query_options={"stoken_size": [8, 4, 2, 1]},  # stage 3 at COCO scale
+        ),
         recorded_blocks=[(0, 0), (1, 0)],  # only stages with super tokens have an association to record
     ),
     "hatnet": dict(
         official_extras=lambda c: {"classifier.1.weight": torch.zeros(3, c)},
         official_folds_per_block=0,
         fast_size=(448, 672),
+        recipe=dict(
+            no_decay_keys=(),
+            optimizers={(1e-4, 1e-4), (6e-5, 0.01)},
+            det_precision="32-true",
+            batchnorm=False,  # GroupNorms only
+            coco_query_options={},
+        ),
         recorded_blocks=[(0, 0), (1, 0), (2, 0), (2, 1), (3, 0)],  # every block: depths [1, 1, 2, 1]
     ),
 }

@@ -31,7 +31,7 @@ from mmengine.registry import DefaultScope
 ROOT = Path(__file__).resolve().parents[1]
 
 import backbones  # noqa: E402,F401  (registers STViT / HATNet in the mmdet and mmseg registries)
-from tests._tools import HATNET_T, STVIT_T  # noqa: E402
+from tests._tools import FAMILY_DATA, HATNET_T, STVIT_T  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 PAPER_CONFIGS = sorted(
@@ -141,12 +141,10 @@ def test_config_contents(path):
     assert ow.get("clip_grad") is None
     assert ow.paramwise_cfg.norm_decay_mult == 0 and ow.paramwise_cfg.bias_decay_mult == 0
     opt = ow.optimizer
-    if family == "stvit":
-        for key in ("pos_embed", "gamma_1", "gamma_2"):
-            assert ow.paramwise_cfg.custom_keys[key] == dict(decay_mult=0.0)
-        assert (opt.lr, opt.weight_decay) in {(1e-4, 0.05), (6e-5, 0.01), (1e-4, 1e-4)}
-    else:
-        assert (opt.lr, opt.weight_decay) in {(1e-4, 1e-4), (6e-5, 0.01)}
+    recipe = FAMILY_DATA[ckpt_prefix]["recipe"]
+    for key in recipe["no_decay_keys"]:
+        assert ow.paramwise_cfg.custom_keys[key] == dict(decay_mult=0.0)
+    assert (opt.lr, opt.weight_decay) in recipe["optimizers"]
     if path.name.startswith("upernet_"):
         assert (opt.lr, opt.weight_decay, tuple(opt.betas)) == (6e-5, 0.01, (0.9, 0.999))
     if path.name.startswith("fpn_"):
@@ -189,11 +187,11 @@ def test_config_contents(path):
     # --auto-scale-lr: the base batch is the recipe's total batch, so on the paper's GPU count it changes nothing
     assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=trainer.devices * cfg.train_dataloader.batch_size)
     # AMP for STViT detection (as Swin's detection code), fp32 elsewhere (Swin / PVT segmentation, PVT)
-    assert trainer.precision == ("16-mixed" if family == "stvit" and not is_seg(cfg) else "32-true")
+    assert trainer.precision == ("32-true" if is_seg(cfg) else recipe["det_precision"])
     # Synchronised BN wherever there is BatchNorm: STViT's own, and the heads whose mm norm_cfg is
     # SyncBN (tasks/training/module.py reverts mm SyncBN to BN and leaves synchronisation to Lightning).
     # HAT-Net has only GroupNorms, Mask R-CNN / RetinaNet heads no norms.
-    assert trainer.sync_batchnorm is (family == "stvit" or "SyncBN" in str(cfg.model))
+    assert trainer.sync_batchnorm is (recipe["batchnorm"] or "SyncBN" in str(cfg.model))
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,7 +19,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from tests._tools import HATNET_T, STVIT_T, load_tool, random_checkpoint, warnings_as_errors
+from tests._tools import FAMILY_DATA, HATNET_T, STVIT_T, load_tool, random_checkpoint, warnings_as_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY_CONFIGS = sorted(p for p in (ROOT / "configs").glob("*/*.py") if p.name.startswith(("dino-", "mask2former_")))
@@ -129,7 +129,8 @@ def test_recipe(path):
     assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=16)
     trainer = cfg.trainer
     assert trainer.precision == "32-true"  # as mm's configs of these architectures train
-    assert trainer.sync_batchnorm is (family == "stvit")  # STViT's BatchNorms; HAT-Net and these heads: GroupNorm
+    recipe = FAMILY_DATA[prefix]["recipe"]
+    assert trainer.sync_batchnorm is recipe["batchnorm"]  # STViT's BatchNorms; HAT-Net and these heads: GroupNorm
     if arch == "dino":
         assert cfg.train_cfg.max_epochs == trainer.max_epochs == 12 and "max_steps" not in trainer
         assert cfg.checkpoint_callback.monitor == "bbox_mAP"
@@ -139,8 +140,8 @@ def test_recipe(path):
         assert trainer.val_check_interval == cfg.train_cfg.val_interval and trainer.check_val_every_n_epoch is None
         assert cfg.checkpoint_callback.monitor == ("segm_mAP" if arch == "m2f_coco" else "mIoU")
     # COCO configs at STViT's dense-prediction super-token sizes (stage 3 at COCO scale), ADE20K at the preset
-    if family == "stvit":
-        assert bb.get("stoken_size") == (None if arch == "m2f_ade" else [8, 4, 2, 1])
+    for key, value in recipe["coco_query_options"].items():
+        assert bb.get(key) == (None if arch == "m2f_ade" else value)
 
 
 @pytest.mark.parametrize("path", QUERY_CONFIGS, ids=_id)
