@@ -21,6 +21,7 @@ SHRUNK = [pytest.param(f.cls, f.sizes["shrunk"], id=f.name) for f in FAMILIES.va
 # official_extras(channels): the tensors a released checkpoint holds beyond the backbone's (its head and constants);
 # fast_size: an input size at which every fast path of the 'shrunk' preset engages under the default limits;
 # official_folds_per_block: the constant unfold / fold tensors per block of the official layout;
+# official_size, official_options: tools/compare_official.py's input size and its option sets besides none;
 # recipe: its configs' training recipe: the keys without weight decay, the (lr, weight decay)s, detection's
 # trainer precision, whether its BatchNorms need synchronising, and the backbone options of the COCO query configs;
 # recorded_blocks: the (stage, block)s of the 'shrunk' preset whose attention record_attention records.
@@ -32,6 +33,8 @@ FAMILY_DATA = {
             "layers.0.blocks.0.attn.unfold.weights": torch.eye(9).reshape(9, 1, 3, 3),
         },
         official_folds_per_block=2,
+        official_size="128x160",
+        official_options=[["--stoken-size", "4,2,2,1"]],
         fast_size=(333, 517),
         recipe=dict(
             no_decay_keys=("pos_embed", "gamma_1", "gamma_2"),
@@ -45,6 +48,8 @@ FAMILY_DATA = {
     "hatnet": dict(
         official_extras=lambda c: {"classifier.1.weight": torch.zeros(3, c)},
         official_folds_per_block=0,
+        official_size="224x224",  # its grids need maps that they divide
+        official_options=[],
         fast_size=(448, 672),
         recipe=dict(
             no_decay_keys=(),

@@ -7,13 +7,14 @@ import sys
 
 import pytest
 
+from backbones import FAMILIES
 from perf.official import load_official
 
-from ._tools import load_tool
+from ._tools import FAMILY_DATA, load_tool
 
 compare = load_tool("compare_official")
 
-OFFICIAL = {"stvit": os.environ.get("STVIT_OFFICIAL_FILE"), "hatnet": os.environ.get("HATNET_OFFICIAL_FILE")}
+OFFICIAL = {name: os.environ.get(f"{name.upper()}_OFFICIAL_FILE") for name in FAMILIES}
 
 
 def test_missing_file_names_the_repositories(tmp_path):
@@ -39,11 +40,13 @@ def test_other_file_is_refused_and_import_standins_are_removed(tmp_path):
     assert not {m for m in set(sys.modules) - before if m.split(".")[0] in ("timm", "fvcore")}
 
 
-@pytest.mark.parametrize("family,extra", [("stvit", []), ("stvit", ["--stoken-size", "4,2,2,1"]), ("hatnet", [])])
+@pytest.mark.parametrize(
+    "family,extra", [(name, extra) for name in FAMILIES for extra in [[], *FAMILY_DATA[name]["official_options"]]]
+)
 def test_official_and_ours_agree_and_are_timed(family, extra, tmp_path):
     if not OFFICIAL[family]:
         pytest.skip(f"{family.upper()}_OFFICIAL_FILE is not set")
-    size = "224x224" if family == "hatnet" else "128x160"  # HAT-Net's grids need maps that they divide
+    size = FAMILY_DATA[family]["official_size"]
     out = tmp_path / "r.json"
     compare.main(["--official", OFFICIAL[family], "--size", size, "--repeat", "1", "--json", str(out), *extra])
     import json
