@@ -23,7 +23,8 @@ SHRUNK = [pytest.param(f.cls, f.sizes["shrunk"], id=f.name) for f in FAMILIES.va
 # official_folds_per_block: the constant unfold / fold tensors per block of the official layout;
 # official_size, official_options: tools/compare_official.py's input size and its option sets besides none;
 # recipe: its configs' training recipe: the keys without weight decay, the (lr, weight decay)s, detection's
-# trainer precision, whether its BatchNorms need synchronising, and the backbone options of the COCO query configs;
+# trainer precision, whether its BatchNorms need synchronising, the backbone options of the COCO query configs
+# and the arch changes that give the 'shrunk' preset layer-scale gammas;
 # recorded_blocks: the (stage, block)s of the 'shrunk' preset whose attention record_attention records.
 FAMILY_DATA = {
     "stvit": dict(
@@ -42,6 +43,7 @@ FAMILY_DATA = {
             det_precision="16-mixed",  # as Swin's detection code
             batchnorm=True,
             coco_query_options={"stoken_size": [8, 4, 2, 1]},  # stage 3 at COCO scale
+            layerscale={"layerscale": [False, False, True, True]},  # the arch that has layer-scale gammas
         ),
         recorded_blocks=[(0, 0), (1, 0)],  # only stages with super tokens have an association to record
     ),
@@ -57,6 +59,7 @@ FAMILY_DATA = {
             det_precision="32-true",
             batchnorm=False,  # GroupNorms only
             coco_query_options={},
+            layerscale={},  # none
         ),
         recorded_blocks=[(0, 0), (1, 0), (2, 0), (2, 1), (3, 0)],  # every block: depths [1, 1, 2, 1]
     ),

@@ -153,7 +153,7 @@ def test_frozen_stages_and_norm_eval(cls, arch):
             assert p.requires_grad, name
     assert all(not m.training for m in model.frozen_modules())
     assert all(not m.training for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
-    assert model.layers[3].training if cls is STViT else model.blocks[3].training
+    assert all(m.training for m in model.stage_modules(3))
 
 
 def test_with_cp_same_outputs_and_grads():
@@ -178,9 +178,8 @@ def test_with_cp_per_stage(cls, arch):
     a, b = cls(arch).train(), cls(arch, with_cp=[False, False, True, True]).train()
     b.load_state_dict(a.state_dict())
     calls = [0] * 4
-    stages = b.layers if cls is STViT else b.blocks
-    for i, stage in enumerate(stages):
-        blocks = stage.blocks if cls is STViT else stage
+    for i in range(4):
+        blocks = b.stage_modules(i)[-1]  # the stage's blocks, after the downsampling that starts it
         blocks[0].register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
     x = torch.randn(2, 3, 64, 64)
     outs = [m(x) for m in (a, b)]

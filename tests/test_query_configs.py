@@ -19,6 +19,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
+from backbones.families import by_type_name
 from tests._tools import FAMILY_DATA, HATNET_T, STVIT_T, load_tool, random_checkpoint, warnings_as_errors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,8 +175,10 @@ def test_parameter_groups(path):
 
     arch = architecture(path)
     cfg = load_config(str(path), parse_cfg_options(_shrunk_model(arch, path)))
-    if cfg.model.backbone.type == "STViT":  # layer scale in the last two stages, as in the base / large presets
-        cfg.model.backbone.arch = {**STVIT_T, "layerscale": [False, False, True, True]}
+    family = by_type_name(cfg.model.backbone.type)
+    recipe = FAMILY_DATA[family.name]["recipe"]
+    if recipe["layerscale"]:  # layer scale in the last two stages, as in the base / large presets
+        cfg.model.backbone.arch = {**family.sizes["shrunk"], **recipe["layerscale"]}
     model = build_task(cfg, init_weights=False)[0].model
     optimizer = build_optimizer(model, cfg.optim_wrapper)
     base_lr, base_wd = cfg.optim_wrapper.optimizer.lr, cfg.optim_wrapper.optimizer.weight_decay
@@ -193,7 +196,7 @@ def test_parameter_groups(path):
         lr = base_lr * (0.1 if name.startswith("backbone.") else 1.0)
         assert group[id(p)] == pytest.approx((lr, 0.0 if no_decay else base_wd)), name
         seen |= {k for k in ("pos_embed", "gamma_1", "norm") if k in name and name.startswith("backbone.")}
-    assert "norm" in seen and (cfg.model.backbone.type != "STViT" or seen >= {"pos_embed", "gamma_1"})
+    assert "norm" in seen and seen >= {"pos_embed", "gamma_1"} & set(recipe["no_decay_keys"])
 
 
 # ---- two steps of training and an evaluation, each config -----------------------------------------------------
