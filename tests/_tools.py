@@ -14,10 +14,15 @@ from backbones import FAMILIES, HATNet, STViT
 from backbones.hatnet import SHRUNK as HATNET_T  # noqa: F401  (the 'shrunk' presets: defined once, there)
 from backbones.stvit import SHRUNK as STVIT_T  # noqa: F401
 
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py")
+SEG_CFG = osp.join(REPO, "configs/demo/upernet_hat-net-demo_tiny-ade20k.py")
+
 # Every registered family's 'shrunk' preset, for the tests that cover all families: parametrize("cls,arch", SHRUNK).
 SHRUNK = [pytest.param(f.cls, f.sizes["shrunk"], id=f.name) for f in FAMILIES.values()]
 
 # What the tests need of a family beyond its record, by family name (a new family adds its row):
+# demo_config: its demo config (built on the 'shrunk' preset);
 # official_extras(channels): the tensors a released checkpoint holds beyond the backbone's (its head and constants);
 # fast_size: an input size at which every fast path of the 'shrunk' preset engages under the default limits;
 # official_folds_per_block: the constant unfold / fold tensors per block of the official layout;
@@ -28,6 +33,7 @@ SHRUNK = [pytest.param(f.cls, f.sizes["shrunk"], id=f.name) for f in FAMILIES.va
 # recorded_blocks: the (stage, block)s of the 'shrunk' preset whose attention record_attention records.
 FAMILY_DATA = {
     "stvit": dict(
+        demo_config=DET_CFG,
         official_extras=lambda c: {
             "proj.weight": torch.zeros(8, c, 1, 1),
             "head.weight": torch.zeros(3, 8),
@@ -48,6 +54,7 @@ FAMILY_DATA = {
         recorded_blocks=[(0, 0), (1, 0)],  # only stages with super tokens have an association to record
     ),
     "hatnet": dict(
+        demo_config=SEG_CFG,
         official_extras=lambda c: {"classifier.1.weight": torch.zeros(3, c)},
         official_folds_per_block=0,
         official_size="224x224",  # its grids need maps that they divide
@@ -64,10 +71,6 @@ FAMILY_DATA = {
         recorded_blocks=[(0, 0), (1, 0), (2, 0), (2, 1), (3, 0)],  # every block: depths [1, 1, 2, 1]
     ),
 }
-
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py")
-SEG_CFG = osp.join(REPO, "configs/demo/upernet_hat-net-demo_tiny-ade20k.py")
 
 # The session's tiny sets (conftest.py's ``tiny_data``), (train, val) images. 4 COCO training images make 2
 # batches of 2; 8 ADE20K ones make 4 batches of 2 (2 per rank under 2-process DDP); 3 validation images split

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from backbones import CheckpointError, HATNet, STViT, fast_paths, load_pretrained
+from backbones import FAMILIES, CheckpointError, HATNet, STViT, fast_paths, load_pretrained
 from backbones.hatnet import Attention as HATAttention
 from tests._tools import FAMILY_DATA, HATNET_T, SHRUNK, STVIT_T, assert_close, official_file
 
@@ -102,9 +102,8 @@ def test_shrunk_preset_is_the_one_definition_of_the_test_and_demo_archs():
     matched against); the demo configs build them by that name."""
     from mmengine.config import Config
 
-    from tests._tools import DET_CFG, SEG_CFG
-
-    for cls, arch, config in ((STViT, STVIT_T, DET_CFG), (HATNet, HATNET_T, SEG_CFG)):
+    for family in FAMILIES.values():
+        cls, arch, config = family.cls, family.sizes["shrunk"], FAMILY_DATA[family.name]["demo_config"]
         model = cls("shrunk")
         assert model.arch == cls(dict(arch)).arch and model.out_channels == [32, 64, 128, 256]
         assert "shrunk" not in cls.archs  # released variants only

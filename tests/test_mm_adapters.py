@@ -11,8 +11,9 @@ pytest.importorskip("mmcv.ops", reason="mmcv with compiled ops is installed by t
 
 
 @pytest.mark.parametrize("registry", ["mmdet", "mmseg"])
-@pytest.mark.parametrize("type_,cls,arch", [("STViT", STViT, STVIT_T), ("HATNet", HATNet, HATNET_T)])
-def test_build_from_registry_with_pretrained(tmp_path, registry, type_, cls, arch):
+@pytest.mark.parametrize("family", backbones.FAMILIES.values(), ids=lambda f: f.name)
+def test_build_from_registry_with_pretrained(tmp_path, registry, family):
+    type_, cls, arch = family.type_name, family.cls, family.sizes["shrunk"]
     MODELS = __import__(f"{registry}.registry", fromlist=["MODELS"]).MODELS
     torch.manual_seed(0)
     src = cls(arch).eval()
@@ -32,10 +33,10 @@ def test_build_from_registry_with_pretrained(tmp_path, registry, type_, cls, arc
     assert list(model.state_dict()) == list(ref.state_dict())
 
 
-@pytest.mark.parametrize(
-    "scope,type_,cls,arch", [("mmdet", "STViT", STViT, STVIT_T), ("mmseg", "HATNet", HATNet, HATNET_T)]
-)
-def test_scoped_type_names_build_in_their_library(scope, type_, cls, arch):
+@pytest.mark.parametrize("scope", ["mmdet", "mmseg"])
+@pytest.mark.parametrize("family", backbones.FAMILIES.values(), ids=lambda f: f.name)
+def test_scoped_type_names_build_in_their_library(scope, family):
+    type_, cls, arch = family.type_name, family.cls, family.sizes["shrunk"]
     # type='mmdet.STViT' (mm's cross-library form) searches mmdet's registry alone, not the root one
     from tasks.config.scopes import register_scope
 
