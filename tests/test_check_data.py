@@ -118,3 +118,18 @@ def test_bad_label_maps_are_named_and_the_clean_sets_pass(tiny_data, tmp_path):
     assert len(_found(report, maps[1].name, "label values [201] are outside the 5 classes")) == 1
     assert len(_found(report, maps[2].name, "corrupt or truncated")) == 1
     assert len(report["problems"]) == 3, report["problems"]
+
+
+@pytest.mark.timeout(120)
+def test_scan_ends_in_a_process_whose_sigterm_handler_only_sets_a_flag(tiny_data):
+    """A training process's preemption handler (or Lightning's) is inherited by forked pool workers; with it the
+    workers must still end when the scan is done, instead of the scan waiting for them forever."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        argv = [DET_CFG, "--workers", "2", "--no-progress", "--cfg-options", *_opts(tiny_data, "tiny_coco")]
+        report = load_tool("check_data").main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert report["problems"] == [] and report["splits"]["train"]["files"] > 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import time
 from typing import Any
 
@@ -149,15 +150,24 @@ def scan(cfg, scope: str, splits=SPLITS, workers: int = 2, progress: bool = True
         tasks = _tasks(dataset) if dataset is not None else []
         report["splits"][split] = {"samples": len(dataset) if dataset is not None else 0, "files": len(tasks)}
         bar = tqdm(total=len(tasks), desc=f"check_data {split}", unit="img", disable=not progress or not tasks)
-        with multiprocessing.Pool(workers) if workers > 1 else _Serial() as pool:
+        with multiprocessing.Pool(workers, initializer=_default_sigterm) if workers > 1 else _Serial() as pool:
             for found in pool.imap_unordered(check_files, tasks, chunksize=8):
                 report["problems"] += [_problem(split, f, what, fix) for f, what, fix in found]
                 bar.update()
+            pool.close()  # the workers end on their own; leaving the block would kill them (terminate)
+            pool.join()
         bar.close()
     report["seconds"] = round(time.perf_counter() - start, 2)
     files = sum(s.get("files", 0) for s in report["splits"].values())
     report["images_per_second"] = round(files / max(report["seconds"], 1e-9), 1)
     return report
+
+
+def _default_sigterm() -> None:
+    """In each pool worker: SIGTERM ends the process again. A forked worker inherits its parent's Python handlers,
+    and a handler that only sets a flag (a training process's preemption handler, Lightning's) keeps a worker that
+    waits for its next task alive through ``Pool.terminate``, which then waits for it forever."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class _Serial:
@@ -172,6 +182,12 @@ class _Serial:
     @staticmethod
     def imap_unordered(fn, items, chunksize=1):
         return map(fn, items)
+
+    def close(self) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
 
 
 def summary(report: dict, limit: int = 50) -> list[str]:
