@@ -87,9 +87,13 @@ def test_the_demo_runs_each_step_in_its_process_and_names_a_failing_one(tmp_path
     out = capsys.readouterr().out
     assert out.startswith(f"+ {sys.executable} tools/make_tiny_data.py --out {tmp_path} ")
     assert f"written to {tmp_path / 'tiny_coco'}" in out and (tmp_path / "tiny_ade20k").is_dir()
-    with pytest.raises(SystemExit, match=r"demo: tools/plot_curves.py failed \(exit status 2\)"):
+    with pytest.raises(SystemExit, match=r"demo: tools/plot_curves.py failed \(exit status 2; its output is above"):
         demo.run("tools/plot_curves.py", [str(tmp_path)])  # neither --out nor --train-time: a usage error
     assert "give --out" in capsys.readouterr().err
+    # a tool's bad-input message leaves the tool as its exit code, printed by no one else: the demo says it
+    written = tmp_path / "tiny_coco" / "annotations" / "instances_val2017.json"
+    with pytest.raises(SystemExit, match=r"make_tiny_data.py failed \(error: '.*val2017.json' is a file: give a fold"):
+        demo.run("tools/make_tiny_data.py", ["--out", str(written)])
     assert sys.argv == argv
 
 

@@ -260,9 +260,10 @@ def test_a_crash_leaves_no_partial_dump(det_run, tmp_path):
         (["coco-error-analysis", "{tmp}/results.bbox.json"], r"results file not found: '.*results\.bbox\.json'"),
     ],
 )
-def test_analyze_names_a_missing_or_wrong_input_without_a_traceback(args, message, tmp_path):
+def test_analyze_names_a_missing_or_wrong_input_without_a_traceback(args, message, tmp_path, monkeypatch):
     # the library's script raised from inside mmengine.load (a missing pickle) or counted nothing
     argv = [a.format(tmp=tmp_path) for a in args] + [str(tmp_path / "out")]
+    monkeypatch.setattr("sys.argv", ["analyze.py", *argv])
     with pytest.raises(SystemExit, match="^error: (--dump .*: )?" + message):
-        load_tool("analyze").main(argv)
+        load_tool("analyze").main()
     assert not (tmp_path / "out").exists()

@@ -35,6 +35,7 @@ from tasks.evaluation.analysis import (
     script_path,
     seg_confusion_matrix,
 )
+from tasks.runtime.cli import command_line
 
 SCRIPTS = {  # command -> (library, script); confusion-matrix: the config's library
     "confusion-matrix": (None, "confusion_matrix.py"),
@@ -48,6 +49,7 @@ USAGE = {
 }
 
 
+@command_line
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=list(SCRIPTS), help="which analysis script")
@@ -56,13 +58,10 @@ def main(argv=None) -> None:
     args = list(ns.args)
     needed = len(USAGE[ns.command].split())
     if len(args) < needed or any(a.startswith("-") for a in args[:needed]):
-        raise SystemExit(f"{ns.command}: give {USAGE[ns.command]} first (then the script's options)")
+        parser.error(f"{ns.command}: give {USAGE[ns.command]} first (then the script's options)")
     library, script = SCRIPTS[ns.command]
-    try:
-        scope = None if ns.command == "coco-error-analysis" else config_scope(args[0])
-        check_inputs(ns.command, args, scope)
-    except ValueError as e:  # ConfigError too: the input at fault and the fix
-        raise SystemExit(f"error: {e}") from None
+    scope = None if ns.command == "coco-error-analysis" else config_scope(args[0])
+    check_inputs(ns.command, args, scope)
     if ns.command == "confusion-matrix":
         library = scope
         if library == "mmseg":

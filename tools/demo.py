@@ -36,9 +36,10 @@ def run(script: str, args: list[str]) -> None:
     print("+", sys.executable, script, *args, flush=True)
     try:
         run_script(str(ROOT / script), args)
-    except SystemExit as e:
+    except SystemExit as e:  # a tool's bad-input message is its exit code (tasks.runtime.cli): not printed yet
         if e.code not in (None, 0):
-            raise SystemExit(f"demo: {script} failed (exit status {e.code}); its output is above") from None
+            why = e.code if isinstance(e.code, str) else f"exit status {e.code}; its output is above"
+            raise SystemExit(f"demo: {script} failed ({why})") from None
 
 
 def main(argv=None) -> int:

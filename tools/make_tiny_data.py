@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 
+from backbones.atomic import check_writable
 from tasks.data.tiny import make_ade20k, make_coco
+from tasks.runtime.cli import command_line
 
 
 def positive_int(text: str) -> int:
@@ -36,6 +38,7 @@ def positive_int(text: str) -> int:
     return value
 
 
+@command_line
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="data", help="output directory (default: data/)")
@@ -53,6 +56,7 @@ def main(argv=None):
             f"--{name}", type=positive_int, default=count, help=f"{split} images of {dataset} (default: {count})"
         )
     a = p.parse_args(argv)
+    check_writable(a.out, folder=True)  # a folder that cannot be written is named, not a traceback from mkdir
     coco = make_coco(a.out, a.coco_train, a.coco_val, a.seed)
     print(f"COCO-format dataset ({a.coco_train} train / {a.coco_val} val images) written to {coco}")
     ade = make_ade20k(a.out, a.ade_train, a.ade_val, a.seed)

@@ -65,7 +65,7 @@ def config_scope(config: str) -> str:
 
 
 def check_inputs(command: str, args: list[str], scope: str | None) -> None:
-    """Raise a ``ValueError`` (``ConfigError`` for the config) naming the input and the fix when an input of
+    """Raise a ``DumpPathError`` (``ConfigError`` for the config) naming the input and the fix when an input of
     ``tools/analyze.py COMMAND ARGS`` is missing or of the wrong kind, before the library's script reads it.
 
     Args:
@@ -73,11 +73,11 @@ def check_inputs(command: str, args: list[str], scope: str | None) -> None:
         args: the script's arguments (positional ones first).
         scope: the config's scope (``config_scope``); None for ``coco-error-analysis``, which takes no config.
     """
-    from .dump import check_dump_path
+    from .dump import DumpPathError, check_dump_path
 
     if command == "coco-error-analysis":
         if not osp.isfile(args[0]):
-            raise ValueError(
+            raise DumpPathError(
                 f"results file not found: {args[0]!r}; tools/test.py CONFIG CKPT --out-dir DIR writes "
                 "DIR/results.bbox.json"
             )
@@ -86,7 +86,7 @@ def check_inputs(command: str, args: list[str], scope: str | None) -> None:
     check_dump_path(dump, scope)  # a .pkl for mmdet, a folder for mmseg
     found = osp.isfile(dump) if scope == "mmdet" else osp.isdir(dump)
     if not found:
-        raise ValueError(
+        raise DumpPathError(
             f"predictions not found: {dump!r}; write them with tools/test.py {config} CHECKPOINT --dump {dump}"
         )
 
@@ -123,6 +123,7 @@ def seg_confusion_matrix(args: list[str], plot_classes: int = PLOT_CLASSES) -> n
     from mmengine.structures import PixelData
     from mmseg.registry import DATASETS
 
+    from .dump import DumpPathError
     from .segmentation import SegmentationEvaluator
 
     cfg = Config.fromfile(opts.config)
@@ -135,7 +136,7 @@ def seg_confusion_matrix(args: list[str], plot_classes: int = PLOT_CLASSES) -> n
         sample = dataset[i]["data_samples"]  # the ground truth as the test pipeline loads it (reduced once)
         png = osp.join(opts.prediction_path, osp.splitext(osp.basename(sample.img_path))[0] + ".png")
         if not osp.isfile(png):
-            raise FileNotFoundError(
+            raise DumpPathError(
                 f"{png}: no prediction for test image {sample.img_path}; dump the test set of this config "
                 "with tools/test.py --dump"
             )

@@ -52,7 +52,8 @@ def _dump_det_results():
 
 
 class DumpPathError(UserError, ValueError):
-    """A ``--dump`` path of the wrong kind for the task's analysis tools (the message says which kind)."""
+    """A ``--dump`` path of the wrong kind for the task's analysis tools, or predictions that tools/analyze.py
+    cannot find (the message says which kind, and which command writes them)."""
 
 
 def check_dump_path(path: str, scope: str) -> None:
