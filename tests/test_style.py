@@ -1,12 +1,15 @@
 """The repository's style, checked by the README's test command: ruff's lint rules (ruff.toml) over every
 file, and ``ruff format --check`` (one formatting style over the whole repository)."""
 
+import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from backbones import FAMILIES
 from tests._tools import REPO
 
 ROOT = Path(REPO)
@@ -48,3 +51,46 @@ def test_package_files_stay_short():
     files = [p for folder in ("tasks", "perf") for p in (ROOT / folder).rglob("*.py")]
     long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > 300}
     assert len(files) > 40 and not long, f"files above 300 lines (split them by purpose): {long}"
+
+
+_FAMILY_NAME = re.compile(r"stvit|hat_?net|hat-net", re.I)
+
+
+def _conditions(tree: ast.AST):
+    """The expressions that choose a branch: if / elif / while / ternary tests, comprehension filters,
+    comparisons (``==``, ``in`` ...), match subjects, patterns and guards."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            yield node.test
+        elif isinstance(node, ast.comprehension):
+            yield from node.ifs
+        elif isinstance(node, ast.Compare):
+            yield node
+        elif isinstance(node, ast.match_case):
+            yield node.pattern
+            if node.guard is not None:
+                yield node.guard
+        elif isinstance(node, ast.Match):
+            yield node.subject
+
+
+def _family_names(expr: ast.AST):
+    for n in ast.walk(expr):
+        text = n.value if isinstance(n, ast.Constant) else getattr(n, "id", None) or getattr(n, "attr", None)
+        if isinstance(text, str) and _FAMILY_NAME.search(text):
+            yield text
+
+
+def test_no_branch_on_a_family_name_outside_its_file():
+    # what differs between families comes from their record (backbones/families.py), so that a new family is its
+    # file plus one registration; names in docstrings, comments, help texts and config paths are fine
+    family_files = {Path(sys.modules[f.cls.__module__].__file__).resolve() for f in FAMILIES.values()}
+    files = [p for folder in ("backbones", "tasks", "perf", "tools") for p in sorted((ROOT / folder).rglob("*.py"))]
+    branches = [
+        f"{p.relative_to(ROOT)}:{cond.lineno}: {name!r}"
+        for p in files
+        if p.resolve() not in family_files
+        for cond in _conditions(ast.parse(p.read_text(), str(p)))
+        for name in _family_names(cond)
+    ]
+    assert len(files) > 100 and len(family_files) >= 2 and not branches, f"branches on a family name: {branches}"
