@@ -20,8 +20,12 @@ from backbones.attention_maps import (
     stoken_association,
     window_attention_map,
 )
+from backbones.errors import CheckpointError
+from backbones.families import Family, register, unregister
+from tasks.figures.attention import FigureError
 from tests._tools import DET_CFG, FAMILY_DATA, SEG_CFG, load_tool
 from tests._tools import HATNET_T as HATNET_ARCH
+from tests.test_family_registry import TOY
 
 # The models: each family's 'shrunk' preset. 100 x 140 input: stage maps 25x35, 13x18, 7x9, 4x5, none a multiple
 # of its super-token / window size, so the records include padded super-token cells and partial border windows.
@@ -321,11 +325,60 @@ def test_the_input_is_the_test_pipelines_and_maps_go_back_to_original_pixels(pic
 )
 def test_tool_refuses_bad_arguments_with_a_clear_message(args, message, picture, tmp_path):
     ckpt = _checkpoint(tmp_path, "stvit", "mm")
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(FigureError, match=message):
         viz_tool.main([DET_CFG, ckpt, picture, "--out-dir", str(tmp_path / "out"), *args])
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
 
 
 def test_tool_refuses_a_checkpoint_of_the_other_family(picture, tmp_path):
-    with pytest.raises(SystemExit, match="(?i)hatnet"):
+    with pytest.raises(CheckpointError, match="(?i)hatnet"):
         viz_tool.main([DET_CFG, _checkpoint(tmp_path, "hatnet", "mm"), picture, "--out-dir", str(tmp_path)])
+
+
+# ---- a family the figures know nothing of: tests/test_family_registry.py's toy (picture None) ------------------
+TOY_CFG = f"""_base_ = [{DET_CFG!r}]
+toy_s_backbone = dict(type="ToyNet", arch="one", init_cfg=None)
+model = dict(backbone=dict(_delete_=True, **toy_s_backbone), neck=dict(in_channels=[8, 16, 32, 64]))
+"""
+
+
+def _toy_run(tmp_path, family):
+    """The toy config and an export of a toy backbone of ``family`` (registered for the test)."""
+    from backbones.export import save_backbone
+
+    register(family)
+    torch.manual_seed(0)
+    model = family.cls("one")
+    save_backbone(model.state_dict(), model, tmp_path / "toy.pth")
+    (tmp_path / "toy_cfg.py").write_text(TOY_CFG)
+    return str(tmp_path / "toy_cfg.py"), str(tmp_path / "toy.pth")
+
+
+def test_a_family_of_another_record_kind_gets_the_maps_its_records_hold(picture, tmp_path):
+    try:
+        cfg, ckpt = _toy_run(tmp_path, TOY)
+        written = viz_tool.main([cfg, ckpt, picture, "--out-dir", str(tmp_path / "out"), "--stages", "1", "2"])
+        with pytest.raises(FigureError, match="--stoken picks the super token .* the Toy picture has none"):
+            viz_tool.main([cfg, ckpt, picture, "--out-dir", str(tmp_path / "b"), "--stoken", "0"])
+    finally:
+        unregister(TOY.name)
+    assert written == [str(tmp_path / "out" / "shapes_toy_maps.png")]
+    png = _png(written[0])
+    # one row (the record's 'weights' map) of two stages, each panel at least the image's size
+    assert png.shape[0] >= 110 and png.shape[1] >= 2 * 150 and png.std() > 20
+
+
+def test_records_without_a_map_are_refused_in_plain_words(picture, tmp_path, monkeypatch):
+    totals = {"weights": lambda m, shape, probs: dict(kind="toy", total=probs.sum(-1), size=tuple(shape[-2:]))}
+    try:
+        cfg, ckpt = _toy_run(tmp_path, Family(**{**TOY.__dict__, "probes": totals}))
+        monkeypatch.setattr(
+            "sys.argv", ["visualize_attention.py", cfg, ckpt, picture, "--out-dir", str(tmp_path / "o")]
+        )
+        with pytest.raises(SystemExit) as exit_:
+            viz_tool.main()  # as on the command line: the message and exit status 1, no traceback
+    finally:
+        unregister(TOY.name)
+    assert str(exit_.value).startswith("error: the Toy backbone's attention records (kind toy: kind, size, total)")
+    assert "hold no map over a stage's positions" in str(exit_.value)
+    assert not os.listdir(tmp_path / "o")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Draw what the backbone attends to on an image: STViT's super tokens, HAT-Net's window and global attention.
+"""Draw what the backbone attends to on an image: STViT's super tokens, HAT-Net's window and global attention,
+another family's attention maps.
 
     python tools/visualize_attention.py CONFIG CHECKPOINT IMAGE [IMAGE ...] --out-dir DIR
         [--stages I ...] [--point X Y] [--stoken INDEX ...] [--device cpu|cuda]
@@ -22,6 +23,9 @@ scale factor and padding), one labelled PNG per image in DIR:
 - HAT-Net, ``<image>_hatnet_attention.png``, for the query pixel ``--point X Y`` (original-image pixels,
   default the image centre), one column per stage: top: its attention inside its grid_size window; bottom:
   its global attention over the pooled map (over all positions in a stage without windows).
+- A family whose records are of another kind (``Family.picture``), ``<image>_<family>_maps.png``: every map its
+  records hold over a stage's positions (one row per record entry, averaged over heads), or an error saying that
+  they hold none.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from tasks.runtime.cli import command_line
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", help="training config (mmengine); model.backbone must be STViT or HATNet")
+    parser.add_argument("config", help="training config (mmengine); model.backbone must be a backbone family's type")
     parser.add_argument(
         "checkpoint", help="Lightning .ckpt, mm-format checkpoint, backbone export or official ImageNet release"
     )
@@ -47,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         nargs="+",
         type=int,
         metavar="I",
-        help="stages to draw, 0-3 (default: STViT every stage with super tokens, HAT-Net all)",
+        help="stages to draw, 0-3 (default: every stage with a map, e.g. STViT's with super tokens)",
     )
     parser.add_argument(
         "--point",

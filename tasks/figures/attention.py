@@ -1,5 +1,6 @@
-"""Figures of tools/visualize_attention.py: recorded attention maps (``backbones.attention_maps``) drawn over the
-original image, one labelled PNG per image, every panel at the image's resolution or larger."""
+"""What every picture of tools/visualize_attention.py is drawn with: the prepared image, the mapping from a stage's
+map back to original-image pixels, and the grid of labelled panels (each at the image's resolution or larger)
+that ``tasks.figures.pictures`` fills, one PNG per image."""
 
 from __future__ import annotations
 
@@ -18,12 +19,7 @@ import torch.nn.functional as F  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from backbones.atomic import atomic_write  # noqa: E402
-from backbones.attention_maps import (  # noqa: E402
-    global_attention_map,
-    stoken_assignment,
-    stoken_association,
-    window_attention_map,
-)
+from backbones.errors import UserError  # noqa: E402
 
 MIN_PANEL_SIDE = 320  # display pixels: small images are enlarged so the labels stay readable
 TITLE_LINES, TITLE_PT, CHAR_PX = 3, 9, 6.4  # panel titles: wrapped to at most 3 lines of 9 pt text
@@ -31,6 +27,11 @@ COLORBAR_PX, GAP_PX, HEADER_PX = 96, 24, 56  # the header: up to 2 lines of 12 p
 HEADER_PT, HEADER_CHAR_PX = 12, 11.0
 DPI = 100
 TITLE_PX = round(TITLE_LINES * TITLE_PT * 1.25 * DPI / 72) + 10
+
+
+class FigureError(UserError, ValueError):
+    """A picture that cannot be drawn as asked: a bad image, point, stage or super token, or a backbone whose
+    attention records hold nothing to draw; the message names the argument and the fix."""
 
 
 @dataclass
@@ -75,7 +76,7 @@ def map_box(top: int, left: int, height: int, width: int, stride: int, image: Pr
     return x0 - 0.5, y0 - 0.5, x1 - x0, y1 - y0
 
 
-class _Grid:
+class Grid:
     """A figure of rows x cols image panels, each exactly the image's size times ``zoom`` in pixels, with a
     title band above and a colour bar beside each panel."""
 
@@ -127,11 +128,11 @@ class _Grid:
         atomic_write(path, lambda f: f.write(data.getvalue()))
 
 
-def _mark(ax, point) -> None:
+def mark_point(ax, point) -> None:
     ax.plot(*point, marker="+", color="cyan", markersize=16, markeredgewidth=2.5)
 
 
-def _boundaries(labels: np.ndarray, thickness: int) -> np.ndarray:
+def boundaries(labels: np.ndarray, thickness: int) -> np.ndarray:
     """Pixels within ``thickness`` pixels of a label change (both sides of it)."""
     edge = np.zeros(labels.shape, bool)
     for _ in range(thickness):
@@ -144,102 +145,11 @@ def _boundaries(labels: np.ndarray, thickness: int) -> np.ndarray:
     return edge
 
 
-def _heads(n: int) -> str:
+def heads_text(n: int) -> str:
     return f"mean of {n} heads" if n > 1 else "1 head"
 
 
-def draw_stvit(out: str, image: PreparedImage, records: dict, point, stokens: dict) -> None:
-    """Super-token association (boundaries) and one super token's soft association, one column per stage.
-    ``records``: {stage: 'stoken' record}; ``stokens``: {stage: flat index of the super token to show}."""
-    name = image.path.rsplit("/", 1)[-1]
-    header = f"STViT super tokens, last block of each stage (+: the point ({point[0]:g}, {point[1]:g})): {name}"
-    grid = _Grid(image.original, 2, len(records), header)
-    thickness = max(1, round(min(image.original.shape[:2]) / 250))
-    rng = np.random.default_rng(0)
-    for col, (stage, rec) in enumerate(sorted(records.items())):
-        stride, (hh, ww), (h, w) = stage_stride(stage), rec["grid"], rec["stoken_size"]
-        labels = to_image(stoken_assignment(rec)[0], stride, image).astype(np.int64)
-        token = stokens[stage]
-        ti, tj = divmod(token, ww)
-        ax = grid.panel(
-            0,
-            col,
-            f"stage {stage} (stride {stride}), {hh}x{ww} super tokens of {h}x{w} map px: each "
-            f"pixel's super token (highest affinity of its 9 neighbours); cyan: token {token}",
-        )
-        tint = rng.random((hh * ww, 3))[labels]
-        ax.imshow(np.concatenate([tint, np.full(labels.shape + (1,), 0.25)], -1), interpolation="nearest")
-        edges = np.zeros(labels.shape + (4,))
-        edges[_boundaries(labels, thickness)] = (1.0, 0.9, 0.0, 1.0)
-        ax.imshow(edges, interpolation="nearest")
-        mine = np.zeros(labels.shape + (4,))
-        mine[_boundaries(labels == token, thickness + 1) & (labels == token)] = (0.0, 1.0, 1.0, 1.0)
-        ax.imshow(mine, interpolation="nearest")
-        ax = grid.panel(
-            1,
-            col,
-            f"stage {stage}: soft association of each pixel to super token {token} (row {ti}, "
-            f"col {tj}; cyan box: its grid cell), zero outside its 3x3 neighbourhood",
-            dim=0.55,
-        )
-        grid.heat(ax, to_image(stoken_association(rec, token)[0], stride, image), "association weight", sparse=True)
-        ax.add_patch(Rectangle(*_xy_wh(map_box(ti * h, tj * w, h, w, stride, image)), fill=False, color="cyan", lw=2))
-        _mark(ax, point)
-    grid.save(out)
-
-
-def draw_hatnet(out: str, image: PreparedImage, records: dict, point) -> None:
-    """Window attention (top) and global attention (bottom) of the query ``point``, one column per stage.
-    ``records``: {stage: 'hat' record}."""
-    name = image.path.rsplit("/", 1)[-1]
-    header = (
-        f"HAT-Net attention of the query at ({point[0]:g}, {point[1]:g}) (+), last block of each stage, "
-        f"mean over heads: {name}"
-    )
-    grid = _Grid(image.original, 2, len(records), header)
-    for col, (stage, rec) in enumerate(sorted(records.items())):
-        stride = stage_stride(stage)
-        row, c = map_pixel(point, stride, image)
-        heads = rec["global_probs"].shape[1]
-        if "window_probs" in rec:
-            g = rec["grid_size"]
-            ax = grid.panel(
-                0,
-                col,
-                f"stage {stage} (stride {stride}): window attention of the query (+) inside its "
-                f"{g}x{g} window (cyan), {_heads(heads)}",
-                dim=0.55,
-            )
-            grid.heat(
-                ax,
-                to_image(window_attention_map(rec, row, c)[0].mean(0), stride, image),
-                "attention weight",
-                sparse=True,
-            )
-            top, left = row // g * g, c // g * g
-            ax.add_patch(Rectangle(*_xy_wh(map_box(top, left, g, g, stride, image)), fill=False, color="cyan", lw=2))
-        else:
-            ax = grid.panel(0, col, f"stage {stage} (stride {stride}): no windows (grid size 1)", dim=0.3)
-            ax.text(
-                0.5,
-                0.5,
-                "no window attention here:\nplain global attention below",
-                color="white",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
-                fontsize=11,
-            )
-        _mark(ax, point)
-        ph, pw = rec["pooled"]
-        ds = rec["ds_ratio"]
-        over = f"the {ph}x{pw} pooled map ({ds}x{ds} pooling)" if ds > 1 else f"all {ph}x{pw} positions"
-        ax = grid.panel(1, col, f"stage {stage}: global attention of the query over {over}, {_heads(heads)}", dim=0.55)
-        grid.heat(ax, to_image(global_attention_map(rec, row, c)[0].mean(0), stride * ds, image), "attention weight")
-        _mark(ax, point)
-    grid.save(out)
-
-
-def _xy_wh(box):
+def outline(ax, box) -> None:
+    """A cyan frame around ``box`` ((x, y, w, h) in original-image pixels, ``map_box``)."""
     x, y, w, h = box
-    return (x, y), w, h
+    ax.add_patch(Rectangle((x, y), w, h, fill=False, color="cyan", lw=2))

@@ -1,6 +1,6 @@
 """What tools/visualize_attention.py does: the config's backbone with a checkpoint's weights, each image
-prepared as the model sees it in testing, the attention recorded in its forward pass and drawn
-(``tasks.figures.attention``)."""
+prepared as the model sees it in testing, the attention recorded in its forward pass and drawn as the picture of
+the family's record kind (``tasks.figures.pictures``)."""
 
 from __future__ import annotations
 
@@ -9,36 +9,30 @@ import os.path as osp
 
 import torch
 
-from backbones import FAMILIES, CheckpointError, family_of, load_pretrained
+from backbones import FAMILIES, family_of, load_pretrained
 from backbones.attention_maps import last_blocks, record_attention
+from backbones.families import by_type_name
 
 from ..config.load import build_from_registry
 from ..config.scopes import register_scope
-from .attention import PreparedImage, draw_hatnet, draw_stvit, map_pixel, stage_stride
-
-# a family's picture kind (``Family.picture``) -> the file name suffix of its picture
-PICTURES = {"stoken": "supertokens", "hat": "attention"}
+from .attention import FigureError, PreparedImage
+from .pictures import picture_of
 
 
 def build_backbone(cfg, checkpoint: str, device: str):
     """The config's backbone with the checkpoint's backbone weights, in eval mode."""
     bcfg = (cfg.get("model") or {}).get("backbone")
     type_name = str((bcfg or {}).get("type", "")).rpartition(".")[2]
-    drawable = [f.type_name for f in FAMILIES.values() if f.picture in PICTURES]
-    if type_name not in drawable:
-        raise SystemExit(
-            f"error: {cfg.filename}: model.backbone.type is {type_name or None!r}; attention maps are "
-            f"drawn for {' and '.join(drawable)} backbones only."
+    if by_type_name(type_name) is None:
+        raise FigureError(
+            f"{cfg.filename}: model.backbone.type is {type_name or None!r}; attention maps are drawn for the "
+            f"backbone families' types only: {', '.join(sorted(f.type_name for f in FAMILIES.values()))}"
         )
     from mmengine.registry import MODELS
 
     bcfg = dict(bcfg, init_cfg=None)  # every weight comes from CHECKPOINT, nothing from the config's init_cfg
     backbone = build_from_registry(MODELS, bcfg, "model.backbone")
-    try:
-        report = load_pretrained(backbone, checkpoint)
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}") from e
-    print(report)
+    print(load_pretrained(backbone, checkpoint))
     return backbone.to(device).eval()
 
 
@@ -49,8 +43,8 @@ def test_pipeline(cfg):
     section = cfg.get("test_dataloader") or {}
     steps = (section.get("dataset") or {}).get("pipeline")
     if not steps:
-        raise SystemExit(
-            f"error: {cfg.filename}: test_dataloader.dataset.pipeline is missing: the image would not "
+        raise FigureError(
+            f"{cfg.filename}: test_dataloader.dataset.pipeline is missing: the image would not "
             "be prepared as the model sees it. Add the test pipeline to the config."
         )
     return Compose([dict(s) for s in steps if not str(s.get("type", "")).endswith("LoadAnnotations")])
@@ -62,13 +56,13 @@ def prepare(path: str, pipeline, preprocessor, device: str) -> PreparedImage:
     from mmengine.dataset import pseudo_collate
 
     if not osp.isfile(path):
-        raise SystemExit(f"error: image {path!r} does not exist")
+        raise FigureError(f"image {path!r} does not exist")
     try:
         original = mmcv.imread(path, channel_order="rgb")
     except Exception as e:  # cv2 / PIL raise a variety of errors for unreadable files
-        raise SystemExit(f"error: cannot read image {path!r}: {e}") from e
+        raise FigureError(f"cannot read image {path!r}: {e}") from e
     if original is None:
-        raise SystemExit(f"error: cannot read image {path!r}: not an image file that OpenCV can decode")
+        raise FigureError(f"cannot read image {path!r}: not an image file that OpenCV can decode")
     packed = pipeline(dict(img_path=path))
     data = preprocessor(pseudo_collate([packed]), training=False)
     meta = data["data_samples"][0].metainfo
@@ -84,9 +78,8 @@ def query_point(point, image: PreparedImage) -> tuple[float, float]:
     H, W = image.original.shape[:2]
     x, y = point if point is not None else ((W - 1) / 2, (H - 1) / 2)
     if not (0 <= x < W and 0 <= y < H):
-        raise SystemExit(
-            f"error: --point {x:g} {y:g} lies outside {image.path!r} ({W}x{H} pixels): give X in "
-            f"[0, {W}) and Y in [0, {H})"
+        raise FigureError(
+            f"--point {x:g} {y:g} lies outside {image.path!r} ({W}x{H} pixels): give X in [0, {W}) and Y in [0, {H})"
         )
     return x, y
 
@@ -96,42 +89,22 @@ def select_stages(backbone, stages=None, stoken=None) -> list[int]:
     family = family_of(backbone)
     with_maps = family.attention_stages(backbone)
     if not with_maps:
-        raise SystemExit(
-            f"error: this {family.type_name} has no stage with an attention map to draw ({family.no_map_reason})"
+        raise FigureError(
+            f"this {family.type_name} has no stage with an attention map to draw ({family.no_map_reason})"
         )
     stages = stages if stages is not None else with_maps
     without = [i for i in stages if i in range(4) and i not in with_maps]
     if without:
-        raise SystemExit(f"error: --stages {without}: {family.no_map_reason}; stages with a map: {with_maps}")
+        raise FigureError(f"--stages {without}: {family.no_map_reason}; stages with a map: {with_maps}")
     bad = [i for i in stages if i not in range(4)]
     if bad:
-        raise SystemExit(f"error: --stages {bad}: stages are 0, 1, 2, 3")
+        raise FigureError(f"--stages {bad}: stages are 0, 1, 2, 3")
     if stoken is not None and len(stoken) not in (1, len(stages)):
-        raise SystemExit(
-            f"error: --stoken takes one index for all stages or one per drawn stage ({len(stages)}: "
+        raise FigureError(
+            f"--stoken takes one index for all stages or one per drawn stage ({len(stages)}: "
             f"{stages}); got {len(stoken)}"
         )
     return sorted(set(stages))
-
-
-def chosen_stokens(indices, records: dict, point, image: PreparedImage) -> dict[int, int]:
-    """{stage: super token to show}: ``--stoken`` (one for all stages or one per stage), else the one under
-    the point."""
-    chosen = {}
-    for n, (stage, rec) in enumerate(sorted(records.items())):
-        (hh, ww), (h, w) = rec["grid"], rec["stoken_size"]
-        if indices is None:
-            row, col = map_pixel(point, stage_stride(stage), image)
-            chosen[stage] = row // h * ww + col // w
-            continue
-        token = indices[n if len(indices) > 1 else 0]
-        if not 0 <= token < hh * ww:
-            raise SystemExit(
-                f"error: --stoken {token}: stage {stage} of {image.path!r} has {hh}x{ww} super tokens "
-                f"(flat row-major indices 0..{hh * ww - 1})"
-            )
-        chosen[stage] = token
-    return chosen
 
 
 def output_path(out_dir: str, image_path: str, suffix: str, taken: set[str]) -> str:
@@ -151,10 +124,19 @@ def draw_attention(cfg, checkpoint: str, images, out_dir: str, stages=None, poin
     from mmengine.registry import MODELS
 
     backbone = build_backbone(cfg, checkpoint, device)
+    family = family_of(backbone)
+    picture = picture_of(family.picture)
+    if stoken is not None and not picture.takes_stoken:
+        raise FigureError(
+            f"--stoken picks the super token a super-token picture shows; the {family.title} picture has none: "
+            "leave --stoken out"
+        )
     stages = select_stages(backbone, stages, stoken)
     preprocessor = build_from_registry(MODELS, dict(cfg.model.data_preprocessor), "model.data_preprocessor")
     pipeline = test_pipeline(cfg)
     blocks = [key for key in last_blocks(backbone) if key[0] in stages]
+    if not blocks:
+        raise FigureError(f"this {family.title} backbone has no attention module in stages {stages}: nothing to draw")
     os.makedirs(out_dir, exist_ok=True)
     written, taken = [], set()
     for path in images:
@@ -162,13 +144,9 @@ def draw_attention(cfg, checkpoint: str, images, out_dir: str, stages=None, poin
         xy = query_point(point, image)
         with torch.no_grad(), record_attention(backbone, blocks) as records:
             backbone(image.inputs)
-        maps = {stage: records[key] for key, stage in zip(blocks, stages)}
-        picture = family_of(backbone).picture
-        out = output_path(out_dir, path, f"{backbone.family}_{PICTURES[picture]}", taken)
-        if picture == "stoken":
-            draw_stvit(out, image, maps, xy, chosen_stokens(stoken, maps, xy, image))
-        else:
-            draw_hatnet(out, image, maps, xy)
+        maps = {stage: records[(stage, block)] for stage, block in blocks}
+        out = output_path(out_dir, path, f"{family.name}_{picture.suffix}", taken)
+        picture.draw(out, image, maps, xy, family.title, stoken)
         written.append(out)
         print(f"wrote {out}")
     return written
