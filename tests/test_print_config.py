@@ -9,9 +9,11 @@ import pytest
 from mmengine.config import Config
 from PIL import Image
 
+from backbones.families import register, unregister
 from tasks.config.keys import ConfigError
 from tasks.config.load import load_config
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
+from tests.test_family_registry import TOY
 
 
 def test_print_config_resolves_bases_and_overrides(capsys):
@@ -46,6 +48,28 @@ def test_print_config_starts_without_lightning_and_prints_its_notes():
 def test_print_config_segmentation():
     cfg = Config.fromstring(load_tool("print_config").main([SEG_CFG]), ".py")
     assert cfg.default_scope == "mmseg" and cfg.model.decode_head.type == "UPerHead"
+
+
+def test_a_new_familys_own_config_variables_pass_the_key_check(tmp_path):
+    """A config of a family registered later (tests/test_family_registry.py's toy) written as ours are, with the
+    family's own variables: they pass while the family is registered, and are unknown keys otherwise."""
+    path = tmp_path / "toy.py"
+    path.write_text(
+        f"_base_ = [{DET_CFG!r}]\n"
+        "toy_s_backbone = dict(type='ToyNet', arch='one')\n"
+        "toy_backbone_keys = {'stem': dict(decay_mult=0.0)}\n"
+        "model = dict(backbone=dict(_delete_=True, **toy_s_backbone))\n"
+    )
+    tool = load_tool("print_config")
+    with pytest.raises(ConfigError, match="unknown config key 'toy_s_backbone'"):
+        tool.main([str(path)])
+    register(TOY)
+    try:
+        text = tool.main([str(path)])
+    finally:
+        unregister(TOY.name)
+    cfg = Config.fromstring(text, ".py")
+    assert cfg.model.backbone.type == "ToyNet" and cfg.toy_backbone_keys == {"stem": {"decay_mult": 0.0}}
 
 
 @pytest.mark.parametrize(

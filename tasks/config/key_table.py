@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .variables import BASE_VARIABLES, OUR_VARIABLES
+from .variables import BASE_VARIABLES, FAMILY_VARIABLES, OUR_VARIABLES
 
 HONOURED = "honoured"
 REFUSED = "refused"
@@ -166,6 +166,14 @@ KEYS: tuple[Key, ...] = (
     *(
         Key(name, "", VARIABLE, "a variable of this project's configs, read by the config itself")
         for name in OUR_VARIABLES
+    ),
+    Key(
+        FAMILY_VARIABLES,
+        "",
+        VARIABLE,
+        "a variable of a backbone family's configs, read by the config itself: any name that starts with a "
+        "registered family's name and `_` (`stvit_s_backbone`, `hatnet_backbone_keys`; `newnet_s_backbone` once "
+        "`newnet` is registered)",
     ),
     # ---- every section ------------------------------------------------------------------------------------
     Key("_scope_", "*", HONOURED, "mmengine's scope of a section inherited through `mmdet::` / `mmseg::`"),

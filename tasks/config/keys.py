@@ -18,10 +18,12 @@ import difflib
 import inspect
 from collections.abc import Iterator, Mapping
 
+from backbones import FAMILIES
 from backbones.errors import UserError
 
 from ..runtime.rank_zero import rank_zero_info
 from .key_table import ANY, HONOURED, IGNORED, KEYS, REFUSED, VARIABLE, Key
+from .variables import FAMILY_VARIABLES
 
 
 class ConfigError(UserError, ValueError):
@@ -45,6 +47,15 @@ _NOT_SCHEDULER_ARGS = {"self", "optimizer", "param_name", "args", "kwargs"}
 def keys_of(section: str) -> dict[str, Key]:
     """The table's keys of ``section`` (``''``: the top level), those of every section (``_scope_``) included."""
     return {k.name: k for k in KEYS if k.section in (section, "*")}
+
+
+def key_of(section: str, name: str) -> Key | None:
+    """The table's entry of key ``name`` in ``section`` (``''``: the top level), or None. A top-level name that starts
+    with a registered family's name and ``_`` is that family's config variable (``FAMILY_VARIABLES``)."""
+    key = keys_of(section).get(name)
+    if key is None and section == "" and any(name.startswith(f"{family}_") for family in FAMILIES):
+        key = keys_of("")[FAMILY_VARIABLES]
+    return key
 
 
 def _is_quiet(key: Key, value) -> bool:
@@ -121,10 +132,9 @@ def check_keys(cfg, path: str, overridden=(), lengths: bool = True) -> None:
             give it (with the alternative), or an invalid value of a checked key.
     """
     for where, name, value in _entries(cfg):
-        table = keys_of(where.rstrip("."))
         if where == "" and name.startswith("_") and not name.startswith("__"):
             continue  # the user's own config variable
-        key = table.get(name)
+        key = key_of(where.rstrip("."), name)
         if key is None:
             extra = (
                 " A config variable of your own (read only by the config itself) must start with one "
@@ -132,7 +142,7 @@ def check_keys(cfg, path: str, overridden=(), lengths: bool = True) -> None:
                 if where == ""
                 else ""
             )
-            raise _unknown(where, name, table, path, extra)
+            raise _unknown(where, name, set(keys_of(where.rstrip("."))) - {FAMILY_VARIABLES}, path, extra)
         if key.status == REFUSED and not _is_quiet(key, value):
             raise ConfigError(f"{path}: {where}{name}={value!r} is not supported here: {key.note}.")
         if key.status == IGNORED and not _is_quiet(key, value):

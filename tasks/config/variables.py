@@ -1,6 +1,8 @@
 """The names that config files use as variables, not as keys: mm's base configs write their sections with them,
 and this project's configs do the same. The key table lists each as a config variable (``VARIABLE``), read by
-the config itself, so that a config inheriting a base is not refused for them."""
+the config itself, so that a config inheriting a base is not refused for them. A backbone family's own variables
+(``stvit_s_backbone``, ``hatnet_backbone_keys``: a name starting with the family's name and ``_``) are one rule
+over the registered families instead (``FAMILY_VARIABLES``), so that a new family's configs need no entry here."""
 
 BASE_VARIABLES = (
     # mmdet's / mmseg's bases: names their own sections are written with
@@ -14,7 +16,8 @@ BASE_VARIABLES = (
 ).split()
 OUR_VARIABLES = (
     # configs/: the same for ours (the schedule lengths feed train_cfg / trainer, the backbones model.backbone)
-    "channels dense_stoken_size hatnet_backbone_keys hatnet_optim_wrapper hatnet_s_backbone img_scales max_epochs "
-    "max_iters pretrained stvit_backbone_keys stvit_optim_wrapper stvit_s_backbone swin_det_1x_param_scheduler "
+    "channels dense_stoken_size img_scales max_epochs max_iters pretrained swin_det_1x_param_scheduler "
     "tta_img_scales val_interval"
 ).split()
+# the name under which the key table lists the families' variables (``tasks.config.keys.key_of`` applies the rule)
+FAMILY_VARIABLES = "<family>_*"
