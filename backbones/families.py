@@ -184,3 +184,9 @@ def family_of(obj: nn.Module | Mapping[str, torch.Tensor]) -> Family | None:
     counts = {name: sum(1 for k in obj if f.key_pattern.search(k)) for name, f in FAMILIES.items()}
     best = max(counts, key=counts.get, default=None)
     return FAMILIES[best] if best is not None and counts[best] else None
+
+
+def titles(conjunction: str = "or") -> str:
+    """The registered families' titles for messages: ``'STViT or HAT-Net'`` (``conjunction`` before the last)."""
+    names = [f.title for f in FAMILIES.values()]
+    return f"{', '.join(names[:-1])} {conjunction} {names[-1]}" if len(names) > 1 else "".join(names)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from .families import FAMILIES, family_of, get
+from .families import FAMILIES, family_of, get, titles
 from .weights import (  # noqa: F401 - SAFE_GLOBALS, StateDictDiff, check_checkpoint_path: their old home
     SAFE_GLOBALS,
     CheckpointError,
@@ -100,9 +100,8 @@ def extract_state_dict(obj, prefix: str | None = None) -> tuple[dict, dict, str]
             )
         if not sub:
             raise CheckpointError(
-                "The checkpoint holds no backbone weights: none of its keys belong to STViT "
-                "or HAT-Net, and none sit under 'backbone.' (first keys: "
-                f"{sorted(sd)[:5]})."
+                f"The checkpoint holds no backbone weights: none of its keys belong to {titles()}, and none sit "
+                f"under 'backbone.' (first keys: {sorted(sd)[:5]})."
             )
         sd, layout = sub, layout + " (backbone. entries)"
     return sd, meta, layout
@@ -163,7 +162,9 @@ def load_pretrained(
     """
     family = getattr(model, "family", None)
     if family not in FAMILIES:
-        raise TypeError(f"load_pretrained expects an STViT or HATNet model, got {type(model).__name__}")
+        raise TypeError(
+            f"load_pretrained expects a backbone of a registered family ({titles()}), got {type(model).__name__}"
+        )
     source = os.fspath(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else "<in-memory checkpoint>"
     name = FAMILIES[family].cls.__name__  # 'STViT' also for its mm adapter (class MMSTViT)
     from_file = isinstance(checkpoint, (str, os.PathLike))
@@ -175,7 +176,7 @@ def load_pretrained(
 
     ckpt_family = detect_family(sd)
     if ckpt_family != family:
-        what = f"a {ckpt_family} checkpoint" if ckpt_family else "not an STViT/HAT-Net checkpoint"
+        what = f"a {ckpt_family} checkpoint" if ckpt_family else f"not a {titles()} checkpoint"
         raise CheckpointError(
             f"{source} is {what} ({layout}), but the model is "
             f"{name}. Build the matching backbone type or pick another file."

@@ -120,7 +120,7 @@ def check_checkpoint_path(path: str | os.PathLike, sha256: str | None = None) ->
     scheme = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path)
     if scheme:  # e.g. 'open-mmlab://resnet50_v1c', 'torchvision://resnet50', 's3://...'
         raise CheckpointError(
-            f"Checkpoint {path!r} is a URL ({scheme.group(0)}...) that this loader cannot fetch; STViT / HAT-Net "
+            f"Checkpoint {path!r} is a URL ({scheme.group(0)}...) that this loader cannot fetch; the backbones "
             "load local files and http(s):// URLs only. Download the checkpoint and pass its path."
         )
     path = os.path.expanduser(path)  # '~/weights/x.pth', as mmengine's own loader reads it

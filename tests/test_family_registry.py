@@ -13,6 +13,7 @@ import backbones
 from backbones import FAMILIES, Family, OfficialCode, create, family_of, load_pretrained
 from backbones._common import NUM_STAGES, Probe, StagedBackbone, check_input, resolve_arch
 from backbones.attention_maps import last_blocks, record_attention
+from backbones.errors import CheckpointError
 from backbones.export import ExportError, read_export, save_backbone, verify_export
 from backbones.families import Classifier, register, unregister
 from backbones.heads import LinearHead
@@ -216,3 +217,14 @@ def test_a_third_family_with_a_classifier_becomes_a_timm_model(tmp_path):
             assert [f.shape[1] for f in features(x)] == [16, 64]
     finally:
         unregister("toy")
+
+
+def test_loading_errors_name_every_registered_family(toy):
+    named = ", ".join(f.title for f in FAMILIES.values() if f is not toy) + " or Toy"
+    with pytest.raises(TypeError, match=re.escape(f"a backbone of a registered family ({named}), got Linear")):
+        load_pretrained(nn.Linear(2, 2), {})
+    model = create("toy", "one")
+    with pytest.raises(CheckpointError, match=re.escape(f"none of its keys belong to {named}, and none")):
+        load_pretrained(model, {"fc.weight": torch.zeros(1)})
+    with pytest.raises(CheckpointError, match=re.escape(f"is not a {named} checkpoint")):
+        load_pretrained(model, {"backbone.fc.weight": torch.zeros(1)})
