@@ -248,6 +248,7 @@ def test_plot_curves_draws_every_loss_lr_and_metric_of_each_run(det_run, tmp_pat
     import shutil
 
     from tasks.figures import curves as plot_curves
+    from tasks.figures.errors import FigureError
 
     work_dir, metrics = str(det_run.work_dir), det_run.metrics
     other = tmp_path / "run_b"  # a second run: the same logs under another work dir
@@ -277,6 +278,6 @@ def test_plot_curves_draws_every_loss_lr_and_metric_of_each_run(det_run, tmp_pat
 
     only = plot_curves.plot_curves([work_dir], tmp_path / "losses.png", keys=["train/loss*"])
     assert [ax.get_title() for ax in only.axes] == ["losses"]
-    with pytest.raises(SystemExit, match=r"no CSV log found; expected .*logs/version_\*/metrics.csv"):
+    with pytest.raises(FigureError, match=r"no CSV log found; expected .*logs/version_\*/metrics.csv"):
         plot_curves.plot_curves([str(tmp_path)], tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()

@@ -22,7 +22,7 @@ from backbones.attention_maps import (
 )
 from backbones.errors import CheckpointError
 from backbones.families import Family, register, unregister
-from tasks.figures.attention import FigureError
+from tasks.figures.errors import FigureError
 from tests._tools import DET_CFG, FAMILY_DATA, SEG_CFG, load_tool
 from tests._tools import HATNET_T as HATNET_ARCH
 from tests.test_family_registry import TOY

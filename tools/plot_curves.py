@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 
 from backbones.atomic import check_writable
-from tasks.figures.curves import format_train_time, plot_curves, train_time
+from tasks.figures.curves import plot_runs
 from tasks.runtime.cli import command_line
 
 
@@ -40,14 +40,8 @@ def main(argv=None):
         p.error("give --out (the curves' PNG), --train-time, or both")
     if args.out:
         check_writable(args.out)
-    if args.train_time:
-        for d in args.work_dirs:
-            print(format_train_time(d, train_time(d, args.include_outliers)))
-    if not args.out:
-        return None
-    fig = plot_curves(args.work_dirs, args.out, args.keys)
-    lines = sum(len(ax.get_lines()) for ax in fig.axes)
-    print(f"wrote {args.out}: {lines} curves of {len(args.work_dirs)} run(s) in {len(fig.axes)} panels")
+    for line in plot_runs(args.work_dirs, args.out, args.keys, args.train_time, args.include_outliers):
+        print(line)
 
 
 if __name__ == "__main__":

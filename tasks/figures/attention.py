@@ -19,7 +19,6 @@ import torch.nn.functional as F  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from backbones.atomic import atomic_write  # noqa: E402
-from backbones.errors import UserError  # noqa: E402
 
 MIN_PANEL_SIDE = 320  # display pixels: small images are enlarged so the labels stay readable
 TITLE_LINES, TITLE_PT, CHAR_PX = 3, 9, 6.4  # panel titles: wrapped to at most 3 lines of 9 pt text
@@ -27,11 +26,6 @@ COLORBAR_PX, GAP_PX, HEADER_PX = 96, 24, 56  # the header: up to 2 lines of 12 p
 HEADER_PT, HEADER_CHAR_PX = 12, 11.0
 DPI = 100
 TITLE_PX = round(TITLE_LINES * TITLE_PT * 1.25 * DPI / 72) + 10
-
-
-class FigureError(UserError, ValueError):
-    """A picture that cannot be drawn as asked: a bad image, point, stage or super token, or a backbone whose
-    attention records hold nothing to draw; the message names the argument and the fix."""
 
 
 @dataclass

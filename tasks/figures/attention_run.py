@@ -15,7 +15,8 @@ from backbones.families import by_type_name
 
 from ..config.load import build_from_registry
 from ..config.scopes import register_scope
-from .attention import FigureError, PreparedImage
+from .attention import PreparedImage
+from .errors import FigureError
 from .pictures import picture_of
 
 

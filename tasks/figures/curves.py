@@ -13,6 +13,8 @@ from pathlib import Path
 
 from backbones.atomic import atomic_write
 
+from .errors import FigureError
+
 GROUPS = ("losses", "learning rate", "validation metrics", "other training values")
 LINESTYLES = ("-", "--", ":", "-.")
 
@@ -33,7 +35,7 @@ def read_run(work_dir) -> dict[str, list[tuple[int, float]]]:
         work_dir.glob("logs/version_*/metrics.csv"), key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0)
     )
     if not files:
-        raise SystemExit(
+        raise FigureError(
             f"{work_dir}: no CSV log found; expected {work_dir}/logs/version_*/metrics.csv "
             "(tools/train.py writes it with Lightning's CSVLogger; pass the --work-dir of a run)"
         )
@@ -42,7 +44,7 @@ def read_run(work_dir) -> dict[str, list[tuple[int, float]]]:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             if not reader.fieldnames or "step" not in reader.fieldnames:
-                raise SystemExit(f"{path}: not a Lightning CSV log (no 'step' column)")
+                raise FigureError(f"{path}: not a Lightning CSV log (no 'step' column)")
             for row in reader:
                 step = int(float(row["step"]))
                 for key, text in row.items():
@@ -61,7 +63,7 @@ def select(keys, patterns) -> list[str]:
         return sorted(keys)
     chosen = sorted(k for k in keys if any(fnmatch.fnmatchcase(k, p) for p in patterns))
     if not chosen:
-        raise SystemExit(f"--keys {' '.join(patterns)} matches none of the logged keys: {', '.join(sorted(keys))}")
+        raise FigureError(f"--keys {' '.join(patterns)} matches none of the logged keys: {', '.join(sorted(keys))}")
     return chosen
 
 
@@ -137,7 +139,7 @@ def train_time(work_dir, include_outliers: bool = False) -> dict:
     read_run(work_dir)  # the missing-log error
     epochs = step_times(work_dir)
     if not epochs:
-        raise SystemExit(
+        raise FigureError(
             f"{work_dir}: its CSV logs have no train/time column (the iteration times the training loop logs); "
             "tools/train.py logs them with its CSV logger"
         )
@@ -171,3 +173,15 @@ def format_train_time(run: str, t: dict) -> str:
             f"time per epoch: {t['epoch_time']:.1f} s ({t['epochs']} epochs)",
         ]
     )
+
+
+def plot_runs(work_dirs, out=None, keys=None, times: bool = False, include_outliers: bool = False) -> list[str]:
+    """What tools/plot_curves.py does, as the lines it prints: each run's ``train_time`` statistics (``times``,
+    ``include_outliers``: its ``--train-time`` / ``--include-outliers``), then the curves of ``keys`` drawn into the
+    PNG ``out`` (when given) and what it holds."""
+    lines = [format_train_time(d, train_time(d, include_outliers)) for d in work_dirs] if times else []
+    if out:
+        fig = plot_curves(work_dirs, out, keys)
+        curves = sum(len(ax.get_lines()) for ax in fig.axes)
+        lines.append(f"wrote {out}: {curves} curves of {len(work_dirs)} run(s) in {len(fig.axes)} panels")
+    return lines

@@ -14,7 +14,6 @@ import torch
 from backbones.attention_maps import global_attention_map, stoken_assignment, stoken_association, window_attention_map
 
 from .attention import (
-    FigureError,
     Grid,
     PreparedImage,
     boundaries,
@@ -26,6 +25,7 @@ from .attention import (
     stage_stride,
     to_image,
 )
+from .errors import FigureError
 
 
 @dataclass(frozen=True)
