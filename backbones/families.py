@@ -92,7 +92,8 @@ class Family:
         attention_modules: ``attention_modules(model) -> {(stage, block): module}``: the modules whose probe
             points ``backbones.attention_maps.record_attention`` watches.
         probes: {probe attribute of an attention module: ``record(module, input shape, probe output) -> dict``}.
-        picture: the kind of picture ``tools/visualize_attention.py`` draws (``'stoken'``, ``'hat'``; None: none).
+        picture: the kind of its attention records, which picks the picture ``tools/visualize_attention.py`` draws
+            (``tasks.figures.pictures``: ``'stoken'``, ``'hat'``; None or another kind: the maps the records hold).
         attention_stages: ``attention_stages(model) -> [stage, ...]``: the stages with a map worth drawing.
         no_map_reason: why a stage outside ``attention_stages`` has no map (for the tool's error messages).
         official_extras: ``official_extras(state_dict) -> {key: tensor}``: what the official layout holds beyond
