@@ -11,8 +11,6 @@ import pytest
 import torch
 
 from backbones import FAMILIES, HATNet, STViT
-from backbones.hatnet import SHRUNK as HATNET_T  # noqa: F401  (the 'shrunk' presets: defined once, there)
-from backbones.stvit import SHRUNK as STVIT_T  # noqa: F401
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CFG = osp.join(REPO, "configs/demo/mask-rcnn_stvit-demo_fpn_tiny-coco.py")

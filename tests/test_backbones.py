@@ -8,7 +8,7 @@ import torch
 
 from backbones import FAMILIES, CheckpointError, HATNet, STViT, fast_paths, load_pretrained
 from backbones.hatnet import Attention as HATAttention
-from tests._tools import FAMILY_DATA, HATNET_T, SHRUNK, STVIT_T, assert_close, official_file
+from tests._tools import FAMILY_DATA, SHRUNK, assert_close, official_file
 
 # Each input size with the size it stands for. The fast paths engage by input size (backbones' Limits: row chunks,
 # recomputed MLP hidden layers, oneDNN and chunked attention). A quarter of the side, with the limits that grow
@@ -50,7 +50,7 @@ def test_forward_backward_any_size(cls, arch, size):
 
 
 def test_out_indices_and_shapes():
-    model = STViT(STVIT_T, out_indices=(1, 3)).eval()
+    model = STViT("shrunk", out_indices=(1, 3)).eval()
     assert model.out_channels == [64, 256] and model.out_strides == [8, 32]
     assert [f["num_chs"] for f in model.feature_info] == [32, 64, 128, 256]
     outs = model(torch.randn(2, 3, 64, 96))
@@ -116,16 +116,16 @@ def test_bad_arch_and_inputs():
     with pytest.raises(ValueError, match=r"Unknown HAT-Net arch.*'large', 'medium', 'shrunk', 'small', 'tiny'"):
         HATNet("xl")
     with pytest.raises(ValueError, match="one value per stage"):
-        STViT({**STVIT_T, "depths": [1, 1, 1]})
+        STViT({**FAMILIES["stvit"].sizes["shrunk"], "depths": [1, 1, 1]})
     with pytest.raises(ValueError, match="not divisible by its num_heads"):
-        STViT({**STVIT_T, "num_heads": [3, 2, 4, 8]})
+        STViT({**FAMILIES["stvit"].sizes["shrunk"], "num_heads": [3, 2, 4, 8]})
     with pytest.raises(ValueError, match="not divisible by head_dim"):
-        HATNet({**HATNET_T, "head_dim": 24})
+        HATNet({**FAMILIES["hatnet"].sizes["shrunk"], "head_dim": 24})
     with pytest.raises(ValueError, match="missing keys"):
-        HATNet({k: v for k, v in HATNET_T.items() if k != "grid_sizes"})
+        HATNet({k: v for k, v in FAMILIES["hatnet"].sizes["shrunk"].items() if k != "grid_sizes"})
     with pytest.raises(ValueError, match="out_indices"):
-        STViT(STVIT_T, out_indices=(0, 4))
-    model = HATNet(HATNET_T)
+        STViT("shrunk", out_indices=(0, 4))
+    model = HATNet("shrunk")
     with pytest.raises(ValueError, match="4-D"):
         model(torch.randn(3, 64, 64))
     with pytest.raises(ValueError, match="3 input channels"):
@@ -157,7 +157,7 @@ def test_frozen_stages_and_norm_eval(cls, arch):
 
 def test_with_cp_same_outputs_and_grads():
     torch.manual_seed(0)
-    a, b = STViT(STVIT_T).train(), STViT(STVIT_T, with_cp=True).train()
+    a, b = STViT("shrunk").train(), STViT("shrunk", with_cp=True).train()
     b.load_state_dict(a.state_dict())
     x = torch.randn(2, 3, 64, 64)
     outs = [m(x) for m in (a, b)]
@@ -212,18 +212,18 @@ def test_load_official_release_layout(tmp_path, cls, arch):
 
 def test_wrong_family_and_variant_are_named(tmp_path):
     with pytest.raises(CheckpointError, match="hatnet checkpoint.*STViT"):
-        load_pretrained(STViT(STVIT_T), HATNet(HATNET_T).state_dict())
+        load_pretrained(STViT("shrunk"), HATNet("shrunk").state_dict())
     base_like = {k: torch.zeros(v.shape) for k, v in STViT("base").state_dict().items()}
     with pytest.raises(CheckpointError, match=r"looks like stvit_base, the model is stvit_small"):
         load_pretrained(STViT("small"), {"model": base_like})
-    sd = STViT(STVIT_T).state_dict()
+    sd = STViT("shrunk").state_dict()
     sd["layers.0.blocks.0.extra.weight"] = torch.zeros(1)
     with pytest.raises(CheckpointError, match=r"Unexpected keys \(1\): layers.0.blocks.0.extra.weight"):
-        load_pretrained(STViT(STVIT_T), sd)
+        load_pretrained(STViT("shrunk"), sd)
 
 
 def test_detector_checkpoint_and_prefix():
-    src = HATNet(HATNET_T)
+    src = HATNet("shrunk")
     det = {
         "state_dict": {
             **{f"backbone.{k}": v for k, v in src.state_dict().items()},
@@ -231,12 +231,12 @@ def test_detector_checkpoint_and_prefix():
         },
         "meta": {},
     }
-    rep = load_pretrained(HATNet(HATNET_T), det)
+    rep = load_pretrained(HATNet("shrunk"), det)
     assert len(rep.loaded) == len(src.state_dict())
     lightning = {"state_dict": {f"model.backbone.{k}": v for k, v in src.state_dict().items()}}
-    assert load_pretrained(HATNet(HATNET_T), lightning).loaded == rep.loaded
+    assert load_pretrained(HATNet("shrunk"), lightning).loaded == rep.loaded
     with pytest.raises(CheckpointError, match="No key starts with prefix 'encoder.'"):
-        load_pretrained(HATNet(HATNET_T), det, prefix="encoder.")
+        load_pretrained(HATNet("shrunk"), det, prefix="encoder.")
 
 
 class _Evil:
@@ -246,25 +246,25 @@ class _Evil:
 
 def test_untrusted_and_corrupt_files_are_refused(tmp_path):
     evil = tmp_path / "evil.pth"
-    torch.save({"model": STViT(STVIT_T).state_dict(), "payload": _Evil()}, evil)
+    torch.save({"model": STViT("shrunk").state_dict(), "payload": _Evil()}, evil)
     if os.path.exists("/tmp/pwned_by_checkpoint"):
         os.remove("/tmp/pwned_by_checkpoint")
     with pytest.raises(CheckpointError, match="Refusing to load"):
-        load_pretrained(STViT(STVIT_T), evil)
+        load_pretrained(STViT("shrunk"), evil)
     assert not os.path.exists("/tmp/pwned_by_checkpoint")
     good = tmp_path / "good.pth"
-    torch.save(STViT(STVIT_T).state_dict(), good)
+    torch.save(STViT("shrunk").state_dict(), good)
     truncated = tmp_path / "truncated.pth"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
-        load_pretrained(STViT(STVIT_T), truncated)
+        load_pretrained(STViT("shrunk"), truncated)
     with pytest.raises(CheckpointError, match="not found"):
-        load_pretrained(STViT(STVIT_T), tmp_path / "missing.pth")
+        load_pretrained(STViT("shrunk"), tmp_path / "missing.pth")
 
 
 def test_norm_out_layers_are_new():
-    src = STViT(STVIT_T)
-    model = STViT(STVIT_T, norm_out=True, out_indices=(2, 3))
+    src = STViT("shrunk")
+    model = STViT("shrunk", norm_out=True, out_indices=(2, 3))
     report = load_pretrained(model, src.state_dict())
     assert {k.split(".")[1] for k in report.initialised if k.startswith("out_norms")} == {"2", "3"}
     model(torch.randn(1, 3, 64, 64))[0].square().mean().backward()
@@ -337,8 +337,8 @@ def test_bad_stoken_size_is_refused():
     and then ran as something else or failed deep inside the forward."""
     for bad in ([0, 4, 2, 1], [-1, 4, 2, 1], [(8, 4, 2), 4, 2, 1], "8421", [8.0, 4, 2, 1]):
         with pytest.raises(ValueError, match=r"STViT stoken_size.*positive int or an \(h, w\) pair"):
-            STViT(STVIT_T, stoken_size=bad)
-    assert list(STViT(STVIT_T, stoken_size=[(8, 4), 4, 2, 1]).arch["stoken_size"][0]) == [8, 4]
+            STViT("shrunk", stoken_size=bad)
+    assert list(STViT("shrunk", stoken_size=[(8, 4), 4, 2, 1]).arch["stoken_size"][0]) == [8, 4]
 
 
 @pytest.mark.parametrize("cls,arch", SHRUNK)
@@ -371,7 +371,7 @@ def test_a_checkpoint_with_two_backbones_needs_a_prefix():
     a student) used to load whichever came last, without a word; it is refused, naming both prefixes, and
     ``prefix=`` picks one."""
     torch.manual_seed(0)
-    model, ema = HATNet(HATNET_T), HATNet(HATNET_T)
+    model, ema = HATNet("shrunk"), HATNet("shrunk")
     ckpt = {
         "state_dict": {
             **{f"model.backbone.{k}": v for k, v in model.state_dict().items()},
@@ -379,8 +379,8 @@ def test_a_checkpoint_with_two_backbones_needs_a_prefix():
         }
     }
     with pytest.raises(CheckpointError, match=r"several backbones, under \['ema\.backbone\.', 'model\.backbone\.'\]"):
-        load_pretrained(HATNet(HATNET_T), ckpt)
-    loaded = HATNet(HATNET_T)
+        load_pretrained(HATNet("shrunk"), ckpt)
+    loaded = HATNet("shrunk")
     load_pretrained(loaded, ckpt, prefix="model.backbone.")
     for k, v in model.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0, msg=k)
@@ -389,10 +389,10 @@ def test_a_checkpoint_with_two_backbones_needs_a_prefix():
 def test_non_finite_weights_are_refused():
     """A checkpoint with NaN / inf values (a diverged run) loaded silently and gave NaN features; it is refused
     with the tensors named, and the model keeps its own weights."""
-    sd = STViT(STVIT_T).state_dict()
+    sd = STViT("shrunk").state_dict()
     sd["layers.1.blocks.0.norm2.weight"] = torch.full_like(sd["layers.1.blocks.0.norm2.weight"], float("nan"))
     sd["patch_embed.proj.0.bias"][0] = float("inf")
-    model = STViT(STVIT_T)
+    model = STViT("shrunk")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CheckpointError, match=r"NaN or infinite values in 2 tensors: layers\.1\.blocks\.0\.norm2"):
         load_pretrained(model, sd)
@@ -402,8 +402,8 @@ def test_non_finite_weights_are_refused():
 def test_a_home_relative_checkpoint_path_is_expanded(tmp_path, monkeypatch):
     """``checkpoint='~/weights/x.pth'`` (which mmengine's own loader expands) was "not found"."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    src = HATNet(HATNET_T)
+    src = HATNet("shrunk")
     torch.save(src.state_dict(), tmp_path / "hat.pth")
-    model = HATNet(HATNET_T)
+    model = HATNet("shrunk")
     assert len(load_pretrained(model, "~/hat.pth").loaded) == len(src.state_dict())
     torch.testing.assert_close(model.state_dict(), src.state_dict(), rtol=0, atol=0)

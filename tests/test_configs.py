@@ -30,8 +30,8 @@ from mmengine.registry import DefaultScope
 
 ROOT = Path(__file__).resolve().parents[1]
 
-import backbones  # noqa: E402,F401  (registers STViT / HATNet in the mmdet and mmseg registries)
-from tests._tools import FAMILY_DATA, HATNET_T, STVIT_T  # noqa: E402
+from backbones import FAMILIES  # noqa: E402  (the import registers the families in the mm registries)
+from tests._tools import FAMILY_DATA  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 PAPER_CONFIGS = sorted(
@@ -51,9 +51,10 @@ def _id(path):
 
 # The backbones' 'shrunk' presets, with STViT's layer scale switched on in the last two stages (as in the base /
 # large presets) so that the gamma parameters are exercised too.
-SHRUNK_ARCH = {"STViT": {**STVIT_T, "layerscale": [False, False, True, True]}, "HATNet": HATNET_T}
-assert STVIT_T["embed_dims"] == HATNET_T["dims"]
-SHRUNK_CHANNELS = HATNET_T["dims"]
+STVIT_SHRUNK, HATNET_SHRUNK = FAMILIES["stvit"].sizes["shrunk"], FAMILIES["hatnet"].sizes["shrunk"]
+SHRUNK_ARCH = {"STViT": {**STVIT_SHRUNK, "layerscale": [False, False, True, True]}, "HATNet": HATNET_SHRUNK}
+assert STVIT_SHRUNK["embed_dims"] == HATNET_SHRUNK["dims"]
+SHRUNK_CHANNELS = HATNET_SHRUNK["dims"]
 
 # Released variants: name letter -> (arch, stage channels).
 VARIANTS = {

@@ -16,7 +16,7 @@ from mmengine.config import Config
 from backbones import FAMILIES, CheckpointError, HATNet, STViT, load_pretrained
 from backbones.export import ExportError, read_export, tensor_sha256, verify_export
 from tasks.deploy.export import export_backbone
-from tests._tools import DET_CFG, FAMILY_DATA, GOLDEN_CASES, HATNET_T, STVIT_T, flat_metrics, load_tool
+from tests._tools import DET_CFG, FAMILY_DATA, GOLDEN_CASES, flat_metrics, load_tool
 
 EYE = torch.eye(9).reshape(9, 1, 3, 3)
 
@@ -416,8 +416,8 @@ def test_save_backbone_refuses_tensors_that_do_not_fit_the_model(tmp_path, fmt):
     torch's ``load_state_dict`` (onnx); it now refuses before writing, naming the keys."""
     from backbones.export import save_backbone
 
-    model = STViT(STVIT_T)
-    sd = HATNet(HATNET_T).state_dict()
+    model = STViT("shrunk")
+    sd = HATNet("shrunk").state_dict()
     out = tmp_path / ("x.onnx" if fmt == "onnx" else "x.safetensors" if fmt == "safetensors" else "x.pth")
     with pytest.raises(ExportError, match=r"do not fit the STViT.*Missing keys.*Unexpected keys.*blocks\.0\.0\."):
         save_backbone(sd, model, out, fmt)
@@ -434,7 +434,8 @@ def test_onnx_export_is_verified_and_refused_as_weights(tmp_path):
     loading weights from it says to use the .pth / .safetensors export."""
     from backbones.export import save_backbone
 
-    arch = dict(STVIT_T, depths=[1, 1, 1, 1])  # the smallest graph: the export is the slow part
+    # the smallest graph: the export is the slow part
+    arch = dict(FAMILIES["stvit"].sizes["shrunk"], depths=[1, 1, 1, 1])
     model = STViT(arch)
     out = tmp_path / "b.onnx"
     meta = save_backbone(model.state_dict(), model, out)

@@ -11,7 +11,7 @@ from backbones._kernels import _MlpTail
 from backbones.hatnet import InvertedResidual
 from backbones.stvit import Mlp
 from tests._fast_vs_plain import outputs_and_grads
-from tests._tools import STVIT_T, assert_close, grad_fns
+from tests._tools import assert_close, grad_fns
 
 
 def _plain_mlp(m: torch.nn.Module, x):
@@ -135,7 +135,7 @@ def test_unfold_fold_gradients_are_each_others_forward():
 def test_stvit_train_step_equals_reference(recompute, with_cp):
     """Whole model, train mode (BatchNorm batch statistics), both MLP paths, with and without checkpointing."""
     torch.manual_seed(0)
-    arch = {**STVIT_T, "stoken_size": [4, 2, 2, 1]}
+    arch = {**FAMILIES["stvit"].sizes["shrunk"], "stoken_size": [4, 2, 2, 1]}
     model = STViT(arch, with_cp=with_cp).train()
     with fast_paths(True, mlp_recompute_numel=0 if recompute else 2**62):
         outs, ref_outs, grads = outputs_and_grads(model, torch.randn(2, 3, 72, 100))
@@ -149,7 +149,7 @@ def test_stvit_train_step_equals_reference(recompute, with_cp):
 
 
 def test_channels_last_is_an_internal_detail():
-    model = STViT(STVIT_T).eval()
+    model = STViT("shrunk").eval()
     x = torch.randn(1, 3, 64, 96)
     with torch.no_grad():
         a = model(x)
@@ -391,10 +391,9 @@ def test_hatnet_train_step_with_recomputation_equals_reference(with_cp):
     """Whole HAT-Net, train mode, the recomputing inverted residual in every block, with and without
     checkpointing: the plain outputs and gradients."""
     from backbones import HATNet
-    from tests._tools import HATNET_T
 
     torch.manual_seed(0)
-    model = HATNet(HATNET_T, with_cp=with_cp).train()
+    model = HATNet("shrunk", with_cp=with_cp).train()
     with fast_paths(True, mlp_recompute_numel=0):
         outs, ref_outs, grads = outputs_and_grads(model, torch.randn(2, 3, 72, 100))
     for i, (a, b) in enumerate(zip(outs, ref_outs)):

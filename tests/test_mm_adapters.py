@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import backbones
-from backbones import HATNet, STViT, load_pretrained
-from tests._tools import HATNET_T, STVIT_T, official_file
+from backbones import FAMILIES, HATNet, STViT, load_pretrained
+from tests._tools import official_file
 
 pytest.importorskip("mmcv.ops", reason="mmcv with compiled ops is installed by tools/setup_env.sh")
 
@@ -55,14 +55,14 @@ def test_detector_keys_are_backbone_keys_with_prefix(tmp_path):
     register_all_modules(init_default_scope=False)
     with DefaultScope.overwrite_default_scope("mmdet"):  # another test of this process may have left mmseg's
         det = _build_retinanet(MODELS)
-    pure = STViT(STVIT_T, out_indices=(1, 2, 3))
+    pure = STViT("shrunk", out_indices=(1, 2, 3))
     det_keys = [k[len("backbone.") :] for k in det.state_dict() if k.startswith("backbone.")]
     assert det_keys == list(pure.state_dict())
     # A whole-detector checkpoint feeds a backbone through init_cfg with prefix='backbone.'.
     ckpt = tmp_path / "det.pth"
     save_checkpoint({"state_dict": det.state_dict(), "meta": {}}, str(ckpt))
     bb = backbones.mm.ADAPTERS["stvit"](
-        arch=STVIT_T, out_indices=(1, 2, 3), init_cfg=dict(type="Pretrained", checkpoint=str(ckpt), prefix="backbone.")
+        arch="shrunk", out_indices=(1, 2, 3), init_cfg=dict(type="Pretrained", checkpoint=str(ckpt), prefix="backbone.")
     )
     bb.init_weights()
     for k, v in bb.state_dict().items():
@@ -79,9 +79,9 @@ def _mmseg_stock_with_our_backbone(pretrained=...):
     assert model.pretrained == "open-mmlab://resnet50_v1c"  # what the stock config forwards to the backbone
     if pretrained is not ...:
         model.pretrained = pretrained
-    model.backbone = ConfigDict(type="HATNet", arch=HATNET_T, init_cfg=None)
-    model.decode_head.update(in_channels=HATNET_T["dims"], channels=16)
-    model.auxiliary_head.update(in_channels=HATNET_T["dims"][2], channels=16)
+    model.backbone = ConfigDict(type="HATNet", arch="shrunk", init_cfg=None)
+    model.decode_head.update(in_channels=FAMILIES["hatnet"].sizes["shrunk"]["dims"], channels=16)
+    model.auxiliary_head.update(in_channels=FAMILIES["hatnet"].sizes["shrunk"]["dims"][2], channels=16)
     return model
 
 
@@ -120,12 +120,12 @@ def test_forwarded_model_pretrained_is_refused_naming_it_and_the_fix(tmp_path, p
 
 def test_the_named_fix_builds_and_loads_through_init_cfg(tmp_path):
     """model.pretrained=None and the backbone's weights through backbone.init_cfg, as the error says."""
-    src = official_file(HATNet(HATNET_T), tmp_path / "hatnet.pth")
+    src = official_file(HATNet("shrunk"), tmp_path / "hatnet.pth")
     model_cfg = _mmseg_stock_with_our_backbone(None)
     model_cfg.backbone.init_cfg = dict(type="Pretrained", checkpoint=str(src))
     seg = _build_mmseg(model_cfg)
     seg.backbone.init_weights()
-    ref = HATNet(HATNET_T)
+    ref = HATNet("shrunk")
     load_pretrained(ref, src)
     for k, v in ref.state_dict().items():
         assert torch.equal(seg.backbone.state_dict()[k], v), k
@@ -136,7 +136,7 @@ def test_plain_backbone_pretrained_url_is_refused_clearly():
         backbones.CheckpointError,
         match=r"'open-mmlab://resnet50_v1c' is a URL .*cannot fetch.*local files and http\(s\):// URLs",
     ):
-        STViT(STVIT_T, pretrained="open-mmlab://resnet50_v1c")
+        STViT("shrunk", pretrained="open-mmlab://resnet50_v1c")
 
 
 def _build_retinanet(models):
@@ -145,7 +145,7 @@ def _build_retinanet(models):
         dict(
             type="RetinaNet",
             data_preprocessor=dict(type="DetDataPreprocessor", mean=[0, 0, 0], std=[1, 1, 1], bgr_to_rgb=True),
-            backbone=dict(type="STViT", arch=STVIT_T, out_indices=(1, 2, 3)),
+            backbone=dict(type="STViT", arch="shrunk", out_indices=(1, 2, 3)),
             neck=dict(
                 type="FPN",
                 in_channels=[64, 128, 256],
@@ -183,19 +183,19 @@ def test_pretrained_in_an_init_cfg_list_goes_through_the_checked_loader(tmp_path
     from backbones import CheckpointError
 
     torch.manual_seed(0)
-    src = STViT(STVIT_T).eval()
+    src = STViT("shrunk").eval()
     path = official_file(src, tmp_path / "official.pth")
     other = tmp_path / "hatnet.pth"
-    torch.save(HATNet(HATNET_T).state_dict(), other)
+    torch.save(HATNet("shrunk").state_dict(), other)
     init = [dict(type="Normal", layer="Conv2d", std=0.01), dict(type="Pretrained", checkpoint=str(path))]
-    model = MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg=init))
+    model = MODELS.build(dict(type="STViT", arch="shrunk", init_cfg=init))
     model.init_weights()
     for k, v in src.state_dict().items():
         torch.testing.assert_close(model.state_dict()[k], v, rtol=0, atol=0, msg=k)
-    model = MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg=[dict(type="Pretrained", checkpoint=str(other))]))
+    model = MODELS.build(dict(type="STViT", arch="shrunk", init_cfg=[dict(type="Pretrained", checkpoint=str(other))]))
     with pytest.raises(CheckpointError, match=r"hatnet\.pth is a hatnet checkpoint .*, but the model is STViT\. "):
         model.init_weights()
-    model = MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg=dict(type="Pretrained")))
+    model = MODELS.build(dict(type="STViT", arch="shrunk", init_cfg=dict(type="Pretrained")))
     with pytest.raises(ValueError, match=r"init_cfg=dict\(type='Pretrained'\) needs checkpoint="):
         model.init_weights()
 
@@ -206,4 +206,4 @@ def test_an_init_cfg_of_another_form_is_refused_by_name():
     from mmdet.registry import MODELS
 
     with pytest.raises(TypeError, match=r"STViT: init_cfg must be None, a dict or a list of dicts.*got 'x\.pth'"):
-        MODELS.build(dict(type="STViT", arch=STVIT_T, init_cfg="x.pth"))
+        MODELS.build(dict(type="STViT", arch="shrunk", init_cfg="x.pth"))

@@ -9,7 +9,7 @@ import torch
 
 from backbones import HATNet
 from backbones.export import export_onnx
-from tests._tools import DET_CFG, HATNET_T, SHRUNK, assert_close, load_tool, warnings_as_errors
+from tests._tools import DET_CFG, SHRUNK, assert_close, load_tool, warnings_as_errors
 
 # 96x128 divides by every grid; 100x140 by none (STViT pads to whole super tokens, HAT-Net has partial
 # border windows and pooled cells)
@@ -44,7 +44,7 @@ def test_onnxruntime_equals_pytorch_at_sizes_other_than_the_export_size(cls, arc
 
 def test_selected_stages_only(tmp_path):
     torch.manual_seed(0)
-    model = HATNet(HATNET_T, out_indices=(1, 3)).eval()
+    model = HATNet("shrunk", out_indices=(1, 3)).eval()
     path = tmp_path / "two.onnx"
     assert export_onnx(model, path) == ["stage1", "stage3"]
     x = torch.randn(1, 3, 100, 140)

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 import backbones
-from backbones import fast_paths
+from backbones import FAMILIES, fast_paths
 from backbones.attention_maps import (
     attention_modules,
     global_attention_map,
@@ -24,7 +24,6 @@ from backbones.errors import CheckpointError
 from backbones.families import Family, register, unregister
 from tasks.figures.errors import FigureError
 from tests._tools import DET_CFG, FAMILY_DATA, SEG_CFG, load_tool
-from tests._tools import HATNET_T as HATNET_ARCH
 from tests.test_family_registry import TOY
 
 # The models: each family's 'shrunk' preset. 100 x 140 input: stage maps 25x35, 13x18, 7x9, 4x5, none a multiple
@@ -134,7 +133,7 @@ def test_global_attention_covers_the_pooled_map(image):
     _, records = _record(_model("hatnet"), image)
     for (stage, _), rec in records.items():
         H, W = rec["size"]
-        ds = HATNET_ARCH["ds_ratios"][stage] if stage < 3 else 1
+        ds = FAMILIES["hatnet"].sizes["shrunk"]["ds_ratios"][stage] if stage < 3 else 1
         assert rec["pooled"] == (-(-H // ds), -(-W // ds)) and rec["ds_ratio"] == ds
         gmap = global_attention_map(rec, H - 1, W // 2)
         assert gmap.shape == (2, rec["global_probs"].shape[1], *rec["pooled"])

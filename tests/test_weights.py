@@ -18,7 +18,7 @@ import torch.nn as nn
 from backbones import CheckpointError, STViT, load_model_weights, load_pretrained
 from backbones.download import cache_path, fetch
 from tasks.config.load import load_config
-from tests._tools import DET_CFG, STVIT_T, load_tool
+from tests._tools import DET_CFG, load_tool
 
 # --- URLs --------------------------------------------------------------------------------------------------
 
@@ -71,7 +71,7 @@ def _serve(server, name: str, obj) -> str:
 
 def _backbone(seed: int) -> STViT:
     torch.manual_seed(seed)
-    return STViT(STVIT_T)
+    return STViT("shrunk")
 
 
 def test_url_downloads_once_into_torch_hub_cache_and_loads(server, tmp_path):
@@ -128,7 +128,7 @@ def test_init_cfg_pretrained_url_with_sha256_key(server):
 
     src = _backbone(0)
     digest = _serve(server, "bb.pth", {"state_dict": src.state_dict()})
-    cfg = dict(type="STViT", arch=STVIT_T, init_cfg=dict(type="Pretrained", checkpoint=f"{server.url}/bb.pth"))
+    cfg = dict(type="STViT", arch="shrunk", init_cfg=dict(type="Pretrained", checkpoint=f"{server.url}/bb.pth"))
     model = MODELS.build({**cfg, "init_cfg": {**cfg["init_cfg"], "sha256": digest}})
     model.init_weights()
     torch.testing.assert_close(model.state_dict(), src.state_dict(), rtol=0, atol=0)
