@@ -316,7 +316,7 @@ def export_release(path: str | os.PathLike, out: str | os.PathLike, fmt: str | N
     }
     if fmt != "timm":
         return save_backbone(backbone.state_dict(), backbone, out, fmt, provenance)
-    model = timm_classifier(backbone, with_head=True)
+    model = timm_classifier(backbone, with_head=True, num_classes=_release_classes(sd, family))
     model.load_pretrained(path)
     sd = model.state_dict()
     meta = {**provenance, "export_version": EXPORT_VERSION, "format": fmt, "family": family.name}
@@ -324,6 +324,17 @@ def export_release(path: str | os.PathLike, out: str | os.PathLike, fmt: str | N
     meta = plain_meta({**meta, "sha256": tensor_sha256(sd)})
     save_timm(model, out, meta)
     return meta
+
+
+def _release_classes(sd: Mapping[str, torch.Tensor], family) -> int:
+    """The classes of a release's classifier (the official key that becomes the timm model's ``head.fc.weight``):
+    a timm model of another number of classes would leave the release's classifier out and keep a random one.
+    1000 (ImageNet-1k) where the release has none: the timm model then refuses the file, naming the keys."""
+    if family.classifier is None:
+        return 1000  # timm_classifier refuses the family
+    prefix = next((old for old, new in family.classifier.official_keys.items() if new == "head.fc."), None)
+    weight = sd.get(f"{prefix}weight") if prefix is not None else None
+    return weight.shape[0] if isinstance(weight, torch.Tensor) and weight.ndim == 2 else 1000
 
 
 # --- ONNX ------------------------------------------------------------------------------------------------
