@@ -1,7 +1,10 @@
-"""The family registry (backbones.families): a third family registered here, in the test alone, goes through
-the export (plain and official layout), the weight loading, the benchmark's model builder (perf.models, the
-official-code adapter included), the attention maps and timm's registry without any other file knowing it."""
+"""The family registry (backbones.families): a third family (the toy family of tests/data/toy.py) registered in
+the test alone goes through the export (plain and official layout), the weight loading, the benchmark's model
+builder (perf.models, the official-code adapter included), the attention maps and timm's registry without any
+other file knowing it."""
 
+import importlib.util
+import os.path as osp
 import re
 import types
 
@@ -10,105 +13,31 @@ import torch
 from torch import nn
 
 import backbones
-from backbones import FAMILIES, Family, OfficialCode, create, family_of, load_pretrained
-from backbones._common import NUM_STAGES, Probe, StagedBackbone, check_input, resolve_arch
+from backbones import FAMILIES, Family, create, family_of, load_pretrained
 from backbones.attention_maps import last_blocks, record_attention
 from backbones.errors import CheckpointError
 from backbones.export import ExportError, read_export, save_backbone, verify_export
-from backbones.families import Classifier, register, unregister
-from backbones.heads import LinearHead
+from backbones.families import register, unregister
 from perf.models import build, ours_and_official
 from perf.official import max_relative_difference
+from tests._tools import REPO
+
+TOY_FILE = osp.join(REPO, "tests", "data", "toy.py")  # the toy family: one file, as a contributor writes one
 
 
-class ToyBlock(nn.Module):
-    """A residual 3x3 conv gated by a softmax over the map's positions, passed through a probe point."""
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.conv = nn.Conv2d(dim, dim, 3, padding=1)
-        self.weights = Probe()  # (B, H*W): the softmax over positions
-
-    def forward(self, x):
-        B, _, H, W = x.shape
-        w = self.weights(x.flatten(2).mean(1).softmax(-1))
-        return x + self.conv(x) * w.reshape(B, 1, H, W)
-
-
-class ToyNet(StagedBackbone):
-    """A tiny 4-stage conv feature extractor (stride 4 stem, stride 2 downsamples)."""
-
-    family = "toy"
-    archs = {"one": dict(dims=[8, 16, 32, 64], depths=[1, 1, 2, 1])}
-    skipped_key_patterns = (r"^head\.",)
-
-    def __init__(self, arch="one", out_indices=(0, 1, 2, 3), with_cp=False, frozen_stages=-1, norm_eval=False,
-                 pretrained=None, norm_out=False, head=False):  # fmt: skip
-        super().__init__()
-        arch = resolve_arch(arch, {**self.archs, "shrunk": self.archs["one"]}, "Toy", ("dims", "depths"), {})
-        self._setup_options(arch, out_indices, frozen_stages, norm_eval, with_cp)
-        dims = arch["dims"]
-        self.stem = nn.Conv2d(3, dims[0], 4, 4)
-        self.downs = nn.ModuleList(nn.Conv2d(dims[i], dims[i + 1], 2, 2) for i in range(NUM_STAGES - 1))
-        self.stages = nn.ModuleList(nn.ModuleList(ToyBlock(c) for _ in range(d)) for c, d in zip(dims, arch["depths"]))
-        if head:  # the "official classification model": the same stages plus a head the backbone leaves out
-            self.head = nn.Linear(dims[-1], 10)
-        entries = ["stem"] + [f"downs.{i}" for i in range(NUM_STAGES - 1)]
-        self._setup_outputs(dims, "stages.{stage}.{block}", entries, norm_out, lambda c: nn.GroupNorm(1, c))
-        self._finish(pretrained)
-
-    def stem_modules(self):
-        return [self.stem]
-
-    def stage_modules(self, i):
-        return ([self.downs[i - 1]] if i else []) + [self.stages[i]]
-
-    def forward(self, x):
-        return self.forward_stages(x, self.out_indices)
-
-    def forward_stages(self, x, indices, until=NUM_STAGES - 1):
-        check_input(x, "ToyNet")
-        x, outs = self.stem(x), []
-        for i in range(until + 1):
-            x = self._run_blocks(self.stages[i], x if i == 0 else self.downs[i - 1](x), i)
-            if i in indices:
-                outs.append(self._output(i, x))
-        return tuple(outs)
-
-
-def _weights_record(m, shape, probs):
-    return dict(kind="toy", weights=probs.reshape(shape[0], *shape[-2:]), size=tuple(shape[-2:]))
-
-
-# the "official code": a module defining ToyNet and its variant builder toy_one
-OFFICIAL = types.SimpleNamespace(ToyNet=ToyNet, toy_one=lambda: ToyNet("one", head=True))
-
-TOY = Family(
-    name="toy",
-    cls=ToyNet,
-    type_name="ToyNet",
-    title="Toy",
-    sizes={**ToyNet.archs, "shrunk": ToyNet.archs["one"]},
-    released=("one",),
-    key_pattern=re.compile(r"^stages\.\d+\.\d+\.|^stem\."),
-    signature_keys=("stages.{}.0.conv.weight", r"^stages\.{}\.(\d+)\."),
-    attention_modules=lambda m: {(i, j): b for i, s in enumerate(m.stages) for j, b in enumerate(s)},
-    probes={"weights": _weights_record},
-    official_extras=lambda sd: {"head.weight": torch.zeros(10, 64), "head.bias": torch.zeros(10)},
-    official=OfficialCode(
-        repo="toy (toy.py)",
-        classes=("ToyNet",),
-        prefix="toy_",
-        build=lambda builder, stoken_size: builder(),
-        stages=lambda m, x: (m.stem(x), list(zip(m.stages, [*m.downs, None]))),
-    ),
-)
+def load_toy():
+    """tests/data/toy.py as a module of its own: importing it registers the toy family (``unregister`` ends it)."""
+    spec = importlib.util.spec_from_file_location("toy_family", TOY_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture
 def toy():
-    register(TOY)
-    yield TOY
+    """The toy family's module, its family registered for the test."""
+    module = load_toy()
+    yield module
     unregister("toy")
 
 
@@ -126,6 +55,7 @@ def test_registry_knows_both_families_by_model_state_dict_and_type_name():
 
 
 def test_a_taken_name_is_refused(toy):
+    TOY = toy.FAMILY
     with pytest.raises(ValueError, match="registered already"):
         register(Family(**{**TOY.__dict__, "cls": nn.Identity}))
     with pytest.raises(ValueError, match="mm type name 'STViT'"):
@@ -133,6 +63,7 @@ def test_a_taken_name_is_refused(toy):
 
 
 def test_a_third_family_exports_loads_benchmarks_and_records_attention(toy, tmp_path):
+    module, toy = toy, toy.FAMILY
     model = create("toy", "one").eval()
     x = torch.randn(1, 3, 64, 96)
     with torch.no_grad():
@@ -171,7 +102,9 @@ def test_a_third_family_exports_loads_benchmarks_and_records_attention(toy, tmp_
         with torch.no_grad():
             outs = build(name, "toy", "shrunk", stoken_size=[2, 2, 1, 1]).eval()(x)
         assert [o.shape[1] for o in outs] == [8, 16, 32, 64]
-    ours, official = ours_and_official(OFFICIAL, "toy", "one")
+    # the "official code": a module defining ToyNet and its variant builder toy_one
+    official_code = types.SimpleNamespace(ToyNet=module.ToyNet, toy_one=lambda: module.ToyNet("one", head=True))
+    ours, official = ours_and_official(official_code, "toy", "one")
     with torch.no_grad():
         assert max_relative_difference(official.eval()(x), ours.eval()(x)) == 0.0
 
@@ -185,7 +118,7 @@ def test_a_third_family_exports_loads_benchmarks_and_records_attention(toy, tmp_
 
 
 def test_official_layout_is_refused_for_a_family_without_official_code(toy, tmp_path):
-    register_without = Family(**{**TOY.__dict__, "official": None})
+    register_without = Family(**{**toy.FAMILY.__dict__, "official": None})
     unregister("toy")
     register(register_without)
     model = create("toy", "one")
@@ -197,14 +130,10 @@ def test_official_layout_is_refused_for_a_family_without_official_code(toy, tmp_
 def test_a_third_family_with_a_classifier_becomes_a_timm_model(tmp_path):
     import timm
 
-    official_head = Classifier(
-        head=LinearHead, official_keys={"head.": "head.fc."}, first_conv="stem", weights={"one": ""},
-        origin_url="toy", paper_ids="none",
-    )  # fmt: skip
-    register(Family(**{**TOY.__dict__, "classifier": official_head}))
+    module = load_toy()  # with timm imported: its models are registered at once
     try:
         assert "toy_one" in timm.list_models(module="timm_models")
-        official = OFFICIAL.toy_one()
+        official = module.ToyNet("one", head=True)
         path = tmp_path / "toy_release.pth"
         torch.save({"model": official.state_dict()}, path)
         overlay = dict(file=str(path))
@@ -220,7 +149,7 @@ def test_a_third_family_with_a_classifier_becomes_a_timm_model(tmp_path):
 
 
 def test_loading_errors_name_every_registered_family(toy):
-    named = ", ".join(f.title for f in FAMILIES.values() if f is not toy) + " or Toy"
+    named = ", ".join(f.title for f in FAMILIES.values() if f is not toy.FAMILY) + " or Toy"
     with pytest.raises(TypeError, match=re.escape(f"a backbone of a registered family ({named}), got Linear")):
         load_pretrained(nn.Linear(2, 2), {})
     model = create("toy", "one")
