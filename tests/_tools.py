@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import importlib.util
 import os.path as osp
+import re
 import warnings
 
 import pytest
@@ -91,6 +92,17 @@ def warnings_as_errors():
             warnings.filterwarnings("ignore", category=category)
         quiet.install()
         yield
+
+
+def config_family(path) -> tuple:
+    """The family record and the size letter of a config of ours, by its name: mm's naming spells the backbone
+    field as the family's title in lower case and the size's letter (``mask-rcnn_hat-net-s_fpn_1x_coco.py``:
+    ``(FAMILIES['hatnet'], 's')``; docs/backbones.md, "Names")."""
+    for family in FAMILIES.values():
+        found = re.search(rf"_{re.escape(family.title.lower())}-([a-z])_", osp.basename(path))
+        if found:
+            return family, found.group(1)
+    raise AssertionError(f"{path}: no registered family's name in the file name")
 
 
 def load_tool(name):

@@ -31,7 +31,7 @@ from mmengine.registry import DefaultScope
 ROOT = Path(__file__).resolve().parents[1]
 
 from backbones import FAMILIES  # noqa: E402  (the import registers the families in the mm registries)
-from tests._tools import FAMILY_DATA  # noqa: E402
+from tests._tools import FAMILY_DATA, config_family  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 PAPER_CONFIGS = sorted(
@@ -56,17 +56,16 @@ SHRUNK_ARCH = {"STViT": {**STVIT_SHRUNK, "layerscale": [False, False, True, True
 assert STVIT_SHRUNK["embed_dims"] == HATNET_SHRUNK["dims"]
 SHRUNK_CHANNELS = HATNET_SHRUNK["dims"]
 
-# Released variants: name letter -> (arch, stage channels).
+# Released variants: family -> name letter -> (arch, stage channels).
 VARIANTS = {
     "stvit": dict(s=("small", [64, 128, 320, 512]), b=("base", [96, 192, 384, 512]), l=("large", [96, 192, 448, 640])),
-    "hat-net": dict(
+    "hatnet": dict(
         t=("tiny", [48, 96, 240, 384]),
         s=("small", [64, 128, 320, 512]),
         m=("medium", [64, 128, 320, 512]),
         l=("large", [64, 128, 320, 640]),
     ),
 }
-FAMILY = {"stvit": ("STViT", "stvit"), "hat-net": ("HATNet", "hatnet")}  # type, checkpoint prefix
 
 DET_HW = (64, 96)  # one image
 SEG_HW = (64, 64)  # two images (UperNet's 1x1 pyramid-pooling BN needs more than one value)
@@ -76,13 +75,6 @@ NUM_SEG_CLASSES = 150
 @functools.lru_cache(maxsize=None)
 def load(path):
     return Config.fromfile(str(path))
-
-
-def parse_name(path):
-    """``mask-rcnn_stvit-s_fpn_1x_coco.py`` -> ('stvit', 's')."""
-    m = re.search(r"_(stvit|hat-net)-([a-z])_", path.name)
-    assert m, f"{path.name}: no backbone tag in the file name"
-    return m.group(1), m.group(2)
 
 
 def is_seg(cfg):
@@ -114,18 +106,17 @@ def head_in_channels(model_cfg):
 @pytest.mark.parametrize("path", CONFIGS_2021, ids=_id)
 def test_config_contents(path):
     cfg = load(path)
-    family, letter = parse_name(path)
-    bb_type, ckpt_prefix = FAMILY[family]
-    arch, channels = VARIANTS[family][letter]
+    family, letter = config_family(path)
+    arch, channels = VARIANTS[family.name][letter]
 
     assert cfg.custom_imports == dict(imports=["backbones"], allow_failed_imports=False)
     assert cfg.default_scope in ("mmdet", "mmseg")
     assert cfg.default_scope == ("mmseg" if "ade20k" in path.name else "mmdet")
 
     bb = cfg.model.backbone
-    assert bb.type == bb_type
+    assert bb.type == family.type_name
     assert bb.arch == arch
-    assert bb.init_cfg == dict(type="Pretrained", checkpoint=f"pretrained/{ckpt_prefix}_{arch}.pth")
+    assert bb.init_cfg == dict(type="Pretrained", checkpoint=f"pretrained/{family.name}_{arch}.pth")
     assert 0.0 < bb.drop_path_rate < 0.5
     assert bb.get("norm_out", False) is False
     assert "pretrained" not in bb and cfg.model.get("pretrained") is None
@@ -142,7 +133,7 @@ def test_config_contents(path):
     assert ow.get("clip_grad") is None
     assert ow.paramwise_cfg.norm_decay_mult == 0 and ow.paramwise_cfg.bias_decay_mult == 0
     opt = ow.optimizer
-    recipe = FAMILY_DATA[ckpt_prefix]["recipe"]
+    recipe = FAMILY_DATA[family.name]["recipe"]
     for key in recipe["no_decay_keys"]:
         assert ow.paramwise_cfg.custom_keys[key] == dict(decay_mult=0.0)
     assert (opt.lr, opt.weight_decay) in recipe["optimizers"]

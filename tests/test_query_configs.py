@@ -19,13 +19,11 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from backbones import FAMILIES
 from backbones.families import by_type_name
-from tests._tools import FAMILY_DATA, load_tool, random_checkpoint, warnings_as_errors
+from tests._tools import FAMILY_DATA, config_family, load_tool, random_checkpoint, warnings_as_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY_CONFIGS = sorted(p for p in (ROOT / "configs").glob("*/*.py") if p.name.startswith(("dino-", "mask2former_")))
-VARIANTS = {"stvit": "sbl", "hat-net": "tsml"}
 
 
 def _id(path):
@@ -106,12 +104,11 @@ def test_drift_from_mm(path):
 def test_recipe(path):
     cfg = load(path)
     arch = architecture(path)
-    family, letter = re.search(r"_(stvit|hat-net)-([a-z])_", path.name).groups()
-    assert letter in VARIANTS[family]
+    family, letter = config_family(path)
+    assert letter in {size[0] for size in family.released}
     bb = cfg.model.backbone
-    assert bb.type == {"stvit": "STViT", "hat-net": "HATNet"}[family]
-    prefix = {"stvit": "stvit", "hat-net": "hatnet"}[family]
-    assert bb.init_cfg == dict(type="Pretrained", checkpoint=f"pretrained/{prefix}_{bb.arch}.pth")
+    assert bb.type == family.type_name
+    assert bb.init_cfg == dict(type="Pretrained", checkpoint=f"pretrained/{family.name}_{bb.arch}.pth")
     assert 0.0 < bb.drop_path_rate < 0.5 and bb.get("norm_out", False) is False
     assert "backbones" in cfg.custom_imports.imports and cfg.custom_imports.allow_failed_imports is False
     # the real-size backbone's channels are what the consumer takes
@@ -131,7 +128,7 @@ def test_recipe(path):
     assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=16)
     trainer = cfg.trainer
     assert trainer.precision == "32-true"  # as mm's configs of these architectures train
-    recipe = FAMILY_DATA[prefix]["recipe"]
+    recipe = FAMILY_DATA[family.name]["recipe"]
     assert trainer.sync_batchnorm is recipe["batchnorm"]  # STViT's BatchNorms; HAT-Net and these heads: GroupNorm
     if arch == "dino":
         assert cfg.train_cfg.max_epochs == trainer.max_epochs == 12 and "max_steps" not in trainer
@@ -229,8 +226,7 @@ def _shrunk_model(arch, path) -> list:
     """``--cfg-options`` for the shrunk model of ``arch``: the backbones' 'shrunk' preset (stage channels 32-256),
     narrower and fewer transformer layers, fewer queries, the tiny COCO's 3 classes (ADE20K's 150 stay: the tiny
     ADE20K holds real ADE20K labels)."""
-    # the configs' names spell a family by its title in lower case (mm's naming: hat-net-s): docs/backbones.md
-    shrunk = next(f.sizes["shrunk"] for f in FAMILIES.values() if f"_{f.title.lower()}-" in path.name)
+    shrunk = config_family(path)[0].sizes["shrunk"]
     chans = [shrunk.get("embed_dims", shrunk.get("dims"))[i] for i in ((1, 2, 3) if arch == "dino" else range(4))]
     opts = ["model.backbone.arch=shrunk", "model.backbone.init_cfg=None", f"model.{CONSUMER[arch]}.in_channels={chans}"]
     if arch == "dino":  # DINO's decoder fixes the width at 256 (its query position encoding has 128 features)
