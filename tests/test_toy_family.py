@@ -23,14 +23,16 @@ TOY = Path(REPO) / "tests" / "data" / "toy.py"
 LINKED = ("tasks", "perf", "tools", "configs", "tests")
 
 
-def add_registration_line(package: Path, family_modules: list[str]) -> Path:
-    """Where the package imports its family files (the ``__init__.py`` holding ``from .<family file> import``
-    lines), the toy family's line after the last of them; returns that file."""
+def add_registration_line(package: Path, folder: Path, family_modules: list[str]) -> Path:
+    """Where the package imports its family files (the ``__init__.py`` whose ``from .`` lines name them), the toy
+    family's import after the last of them; returns that file."""
     for init in sorted(package.rglob("__init__.py")):
         lines = init.read_text().splitlines(keepends=True)
-        found = [i for i, line in enumerate(lines) for m in family_modules if line.startswith(f"from .{m} import ")]
+        names = re.compile(rf"\b({'|'.join(family_modules)})\b")
+        found = [i for i, line in enumerate(lines) if line.startswith("from .") and names.search(line)]
         if found:
-            lines.insert(max(found) + 1, "from .toy import ToyNet  # noqa: F401\n")
+            where = ".".join(folder.relative_to(init.parent).parts)
+            lines.insert(max(found) + 1, f"from .{where} import toy  # noqa: F401\n")
             init.write_text("".join(lines))
             return init
     raise AssertionError(f"no __init__.py under {package} imports the family files {family_modules}")
@@ -46,7 +48,7 @@ def repository_with_toy(root: Path) -> Path:
     folder = root / Path(modules[0].__file__).parent.relative_to(REPO)
     shutil.copy(TOY, folder / "toy.py")
     before = {p.relative_to(root): p.read_text() for p in (root / "backbones").rglob("*.py")}
-    init = add_registration_line(root / "backbones", [m.__name__.rpartition(".")[2] for m in modules])
+    init = add_registration_line(root / "backbones", folder, [m.__name__.rpartition(".")[2] for m in modules])
     after = {p.relative_to(root): p.read_text() for p in (root / "backbones").rglob("*.py")}
     changed = [p for p in after if before.get(p) != after[p]]
     assert changed == [init.relative_to(root)]  # one line in one file: nothing else
