@@ -75,20 +75,27 @@ def toy_config(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def steps(tiny_data, tmp_path_factory):
-    """{step: outcome} of tests/_toy_driver.py, run once on a repository copy holding the toy family."""
-    root = repository_with_toy(tmp_path_factory.mktemp("toy_repo"))
-    out = tmp_path_factory.mktemp("toy_out")
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests._toy_driver", str(toy_config(root)), str(tiny_data / "tiny_ade20k"), str(out)],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return json.loads((out / "steps.json").read_text())
+def steps(tiny_data, run_once):
+    """{step: outcome} of tests/_toy_driver.py, run once per session (the test workers share it) on a repository
+    copy holding the toy family."""
+
+    def make(folder):
+        root, out = folder / "repo", folder / "out"
+        root.mkdir()
+        out.mkdir()
+        config = toy_config(repository_with_toy(root))
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests._toy_driver", str(config), str(tiny_data / "tiny_ade20k"), str(out)],
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        return json.loads((out / "steps.json").read_text())
+
+    return run_once("toy_family", make)
 
 
 def _ok(steps, name):
