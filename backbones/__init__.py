@@ -5,18 +5,24 @@ mmengine is installed, so mmdet and mmseg configs can build them, and the offici
 (``stvit_small``, ``hatnet_tiny``, ...) in timm's registry once timm is imported (``backbones.timm_models``).
 ``backbones.FAMILIES`` is the family registry (``backbones.families``): each family's file registers its record on
 import.
+
+The rooms: ``models/`` (one file per family, their shared base class, heads, attention recording), ``ops/`` (the
+operations the model files call, plain or fast behind one switch) and ``checkpoints/`` (reading, downloading,
+exporting and atomic writes).
 """
 
 import importlib.util
 
 from . import timm_models
-from ._fast_paths import enabled as fast_paths_enabled
-from ._fast_paths import fast_paths, set_fast_paths
+from .checkpoints.pretrained import LoadReport, load_pretrained
+from .checkpoints.weights import CheckpointError, KeyReport, load_model_weights
 from .families import FAMILIES, Family, OfficialCode, create, family_of, register
-from .hatnet import HATNet
-from .pretrained import LoadReport, load_pretrained
-from .stvit import STViT
-from .weights import CheckpointError, KeyReport, load_model_weights
+
+# The families: importing a family's file registers it. A new family is its file in models/ and its line here.
+from .models.hatnet import HATNet
+from .models.stvit import STViT
+from .ops.switch import enabled as fast_paths_enabled
+from .ops.switch import fast_paths, set_fast_paths
 
 __all__ = [
     "STViT",

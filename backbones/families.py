@@ -1,6 +1,6 @@
 """The family registry: one record per backbone family with everything the rest of the project asks of a family.
 
-Each family's own file (``backbones/stvit.py``, ``backbones/hatnet.py``) builds its ``Family`` and calls
+Each family's own file (``backbones/models/stvit.py``, ``backbones/models/hatnet.py``) builds its ``Family`` and calls
 ``register`` when it is imported (``import backbones`` imports both). Code outside a family's file looks the
 family up here (``FAMILIES[name]``, ``get``, ``create``, ``family_of``) instead of testing family names, so a new
 family is one file plus one ``register`` call (docs/backbones.md).
@@ -45,7 +45,7 @@ class Classifier:
 
     Args:
         head: ``head(channels, num_classes, pool_type, drop_rate, **head_args) -> module``: the official head on
-            the last stage's map, with the interface of ``backbones._common.LinearHead`` (``fc``, ``hidden_size``,
+            the last stage's map, with the interface of ``backbones.models.heads.LinearHead`` (``fc``, ``hidden_size``,
             ``pool_type``, ``reset``, ``forward(x, pre_logits)``).
         head_args: the head's own arguments in the released variants (STViT: ``projection=1024``).
         official_keys: {official key prefix: the timm model's} for the head's tensors (``'head.': 'head.fc.'``).
@@ -90,14 +90,14 @@ class Family:
             channels; a regular expression template whose group 1 is the block index of a stage's keys): the
             (channels, depths) of a state dict, to name variants in errors.
         attention_modules: ``attention_modules(model) -> {(stage, block): module}``: the modules whose probe
-            points ``backbones.attention_maps.record_attention`` watches.
+            points ``backbones.models.attention_maps.record_attention`` watches.
         probes: {probe attribute of an attention module: ``record(module, input shape, probe output) -> dict``}.
         picture: the kind of its attention records, which picks the picture ``tools/visualize_attention.py`` draws
             (``tasks.figures.pictures``: ``'stoken'``, ``'hat'``; None or another kind: the maps the records hold).
         attention_stages: ``attention_stages(model) -> [stage, ...]``: the stages with a map worth drawing.
         no_map_reason: why a stage outside ``attention_stages`` has no map (for the tool's error messages).
         official_extras: ``official_extras(state_dict) -> {key: tensor}``: what the official layout holds beyond
-            our keys (constant tensors), for ``backbones.export``'s ``'official'`` format; None: nothing.
+            our keys (constant tensors), for ``backbones.checkpoints.export``'s ``'official'`` format; None: nothing.
         official: how to run its official code (``perf.official``); None: no official code known.
         options: constructor arguments of its own that the measuring tools pass through (``'stoken_size'``).
         head_cost: ``head_cost(channels) -> (params, MACs at 224x224)`` of the official classification head that

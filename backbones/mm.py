@@ -26,8 +26,8 @@ from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 
+from .checkpoints.pretrained import CheckpointError, check_checkpoint_path, load_pretrained
 from .families import Family, on_register
-from .pretrained import CheckpointError, check_checkpoint_path, load_pretrained
 
 
 @contextlib.contextmanager

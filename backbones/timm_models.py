@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn as nn
 
-from ._common import NUM_STAGES
+from .checkpoints.weights import CheckpointError, model_state_dict, read_checkpoint, state_dict_diff
 from .families import FAMILIES, Family, get, on_register
-from .heads import LinearHead
-from .weights import CheckpointError, model_state_dict, read_checkpoint, state_dict_diff
+from .models.base import NUM_STAGES
+from .models.heads import LinearHead
 
 __all__ = ["TimmModel", "checkpoint_filter_fn", "install", "model_names"]
 default_cfgs: dict = {}  # timm's register_model reads each model's pretrained cfgs from its module's default_cfgs

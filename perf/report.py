@@ -1,11 +1,12 @@
 """Reports: Markdown tables whose cells are numbers or the reason a number is missing, and files written
-atomically (``backbones.atomic``: a run cut short leaves the previous file or the new one, never half of one)."""
+atomically (``backbones.checkpoints.atomic``: a run cut short leaves the previous file or the new one, never half of
+one)."""
 
 from __future__ import annotations
 
 import os
 
-from backbones.atomic import atomic_write
+from backbones.checkpoints.atomic import atomic_write
 
 __all__ = ["Failure", "cell", "table", "section", "save_figure"]
 

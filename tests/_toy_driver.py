@@ -34,7 +34,7 @@ def _backbone_outputs(model, x):
 
 def run_steps(config: str, data_root: str, out: str) -> dict:
     from backbones import FAMILIES, create, load_pretrained
-    from backbones.export import EXTENSIONS, FORMATS
+    from backbones.checkpoints.export import EXTENSIONS, FORMATS
 
     family = FAMILIES["toy"]
     steps, x = {}, torch.randn(1, 3, *SIZE, generator=torch.Generator().manual_seed(0))

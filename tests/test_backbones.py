@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from backbones import FAMILIES, CheckpointError, HATNet, STViT, fast_paths, load_pretrained
-from backbones.hatnet import Attention as HATAttention
+from backbones.models.hatnet import Attention as HATAttention
 from tests._tools import FAMILY_DATA, SHRUNK, assert_close, official_file
 
 # Each input size with the size it stands for. The fast paths engage by input size (backbones' Limits: row chunks,

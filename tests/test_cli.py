@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from backbones.atomic import OutputError
+from backbones.checkpoints.atomic import OutputError
+from backbones.checkpoints.export import ExportError
 from backbones.errors import CheckpointError, UserError
-from backbones.export import ExportError
 from tasks.config.keys import ConfigError
 from tasks.data.checks import DataError, DataPathError
 from tasks.deploy.images import InputError

@@ -71,8 +71,8 @@ PACKAGES = ("backbones", "tasks", "perf")
 PLACEHOLDER = re.compile(r"[<>*{}$]")  # backbones/<family>.py, docs/benchmarks/*.md, $OUT/...: not one file
 COMMANDS = re.compile(r"^```(?:bash|python)$(.*?)^```", re.M | re.S)  # not an untagged block: a sample text
 FILE_NAME = re.compile(r"[\w.-]+\.(?:py|md|sh|cfg|toml)")
-# `backbones.create`, `tasks.config.keys.ConfigError`, `_ops.attention` (a private module of backbones/)
-PYTHON_NAME = re.compile(r"(?:backbones|tasks|perf|_[a-z]\w*)(?:\.\w+)+")
+# `backbones.create`, `tasks.config.keys.ConfigError`, `backbones.ops.table.attention`
+PYTHON_NAME = re.compile(r"(?:backbones|tasks|perf)(?:\.\w+)+")
 
 
 def repository_files(root: Path = REPO) -> set[str]:
@@ -108,11 +108,9 @@ def _bound(body: list[ast.stmt]) -> dict[str, ast.AST]:
 
 
 def python_name_exists(name: str, root: Path = REPO) -> bool:
-    """Whether ``name`` (``package.module.attr...``; a leading ``_mod`` is a private module of backbones/) is a
-    module of the project or a name its source binds: read from the source, nothing imported."""
+    """Whether ``name`` (``package.module.attr...``) is a module of the project or a name its source binds: read
+    from the source, nothing imported."""
     parts = name.split(".")
-    if parts[0].startswith("_"):
-        parts = ["backbones", *parts]
     for i in range(len(parts), 0, -1):  # the longest prefix that is a module
         if path := module_file(".".join(parts[:i]), root):
             break
@@ -164,8 +162,6 @@ def missing_citations(text: str, root: Path = REPO) -> tuple[int, list[str]]:
             )  # tests/_tools.load_tool: a module's path and one of its names
         elif kind == "file":
             exists = token in files
-        elif token.startswith("_") and not (root / "backbones" / (token.split(".")[0] + ".py")).is_file():
-            continue  # `_base_.pop`: a config's variable, not a module of backbones/
         else:
             exists = python_name_exists(token, root)
         checked += 1
@@ -188,7 +184,8 @@ def test_citation_checker_sees_paths_names_and_misses():
     assert checked > 300, f"only {checked} citations found: the parser no longer reads the pages"
     sample = (
         "`tools/train.py`, `tools/nope.py`, `backbones.create`, `backbones.nope`, `tasks.config.keys.ConfigError`, "
-        "`_ops.attention`, `_ops.row_local`, `stvit.py`, `nope.py`, mmdet's `analyze_results.py`, "
+        "`backbones.ops.table.attention`, `backbones.ops.table.row_local`, `stvit.py`, `nope.py`, "
+        "mmdet's `analyze_results.py`, "
         "`tests/_tools.load_tool`, `_base_.pop`, `work_dirs/x.pth`, `backbones/<family>.py`\n"
         "```bash\npython tools/gone.py\n```\n"
     )
@@ -197,7 +194,7 @@ def test_citation_checker_sees_paths_names_and_misses():
         "path `tools/gone.py`",
         "path `tools/nope.py`",
         "name `backbones.nope`",
-        "name `_ops.row_local`",
+        "name `backbones.ops.table.row_local`",
         "file `nope.py`",
     ]
     assert checked == 11

@@ -1,4 +1,5 @@
-"""backbones/download.py against a real HTTP server on 127.0.0.1 that fails the way networks fail: a body cut short
+"""backbones/checkpoints/download.py against a real HTTP server on 127.0.0.1 that fails the way networks fail: a body
+cut short
 of its Content-Length, a chunked body whose connection drops, a body without a length that stops early, replies
 other than 200. Each is retried with back-off (shortened here), then refused with the bytes received and expected,
 and nothing incomplete is left in torch.hub's cache; an unreadable cached file is downloaded anew."""
@@ -12,8 +13,8 @@ import pytest
 import torch
 
 from backbones import CheckpointError, load_model_weights
-from backbones import download as dl
-from backbones.download import cache_path, fetch
+from backbones.checkpoints import download as dl
+from backbones.checkpoints.download import cache_path, fetch
 
 
 class _FlakyServer:

@@ -1,5 +1,5 @@
 """Backbone and model export (tools/export_backbone.py, tools/export_model.py, tasks/deploy/export.py,
-backbones/export.py), end to end on CPU: train two steps on the tiny data, export in every format, load the
+backbones/checkpoints/export.py), end to end on CPU: train two steps on the tiny data, export in every format, load the
 exports back through ``init_cfg=dict(type='Pretrained')``, an official-layout stand-in model, mmdet's
 ``init_detector`` and mmseg's ``init_model``, and check the errors that name the problem."""
 
@@ -14,7 +14,7 @@ import torch.nn as nn
 from mmengine.config import Config
 
 from backbones import FAMILIES, CheckpointError, HATNet, STViT, load_pretrained
-from backbones.export import ExportError, read_export, tensor_sha256, verify_export
+from backbones.checkpoints.export import ExportError, read_export, tensor_sha256, verify_export
 from tasks.deploy.export import export_backbone
 from tests._tools import DET_CFG, FAMILY_DATA, GOLDEN_CASES, flat_metrics, load_tool
 
@@ -414,7 +414,7 @@ def test_save_backbone_refuses_tensors_that_do_not_fit_the_model(tmp_path, fmt):
     """``save_backbone(sd, model, out)`` with tensors of another model used to write them under the model's
     family and arch (pth, safetensors, official: an export that no model of that arch loads) or fail inside
     torch's ``load_state_dict`` (onnx); it now refuses before writing, naming the keys."""
-    from backbones.export import save_backbone
+    from backbones.checkpoints.export import save_backbone
 
     model = STViT("shrunk")
     sd = HATNet("shrunk").state_dict()
@@ -432,7 +432,7 @@ def test_onnx_export_is_verified_and_refused_as_weights(tmp_path):
     """``verify_export`` on an ONNX export said "corrupt or not a PyTorch checkpoint", and so did
     ``load_pretrained``; the graph is now checked and its meta returned, a damaged graph is named as such, and
     loading weights from it says to use the .pth / .safetensors export."""
-    from backbones.export import save_backbone
+    from backbones.checkpoints.export import save_backbone
 
     # the smallest graph: the export is the slow part
     arch = dict(FAMILIES["stvit"].sizes["shrunk"], depths=[1, 1, 1, 1])

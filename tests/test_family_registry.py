@@ -14,10 +14,10 @@ from torch import nn
 
 import backbones
 from backbones import FAMILIES, Family, create, family_of, load_pretrained
-from backbones.attention_maps import last_blocks, record_attention
+from backbones.checkpoints.export import ExportError, read_export, save_backbone, verify_export
 from backbones.errors import CheckpointError
-from backbones.export import ExportError, read_export, save_backbone, verify_export
 from backbones.families import register, unregister
+from backbones.models.attention_maps import last_blocks, record_attention
 from perf.models import build, ours_and_official
 from perf.official import max_relative_difference
 from tests._tools import REPO

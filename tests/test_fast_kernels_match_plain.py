@@ -6,10 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backbones import FAMILIES, STViT, _kernels, _ops, fast_paths
-from backbones._kernels import _MlpTail
-from backbones.hatnet import InvertedResidual
-from backbones.stvit import Mlp
+from backbones import FAMILIES, STViT, fast_paths
+from backbones.models.hatnet import InvertedResidual
+from backbones.models.stvit import Mlp
+from backbones.ops import kernels, table
+from backbones.ops.kernels import _MlpTail
 from tests._fast_vs_plain import outputs_and_grads
 from tests._tools import assert_close, grad_fns
 
@@ -63,20 +64,20 @@ def test_residual_depthwise_conv_is_one_convolution_with_the_same_values_and_gra
     torch.manual_seed(0)
     x = torch.randn(2, 6, 7, 9, dtype=torch.double).contiguous(memory_format=torch.channels_last)
     conv = conv.double()
-    assert _kernels._identity_tap(conv.weight, _kernels._conv_args(conv)) is not None
+    assert kernels._identity_tap(conv.weight, kernels._conv_args(conv)) is not None
     params = list(conv.parameters())
     ys = []
     for fast in (False, True):
         with fast_paths(fast):
             xs = x.clone().requires_grad_()
-            y = _ops.residual_dwconv(conv, xs)
+            y = table.residual_dwconv(conv, xs)
             ys.append((y, *torch.autograd.grad(y, [xs, *params], torch.ones_like(y))))
     for a, b in zip(*ys):
         torch.testing.assert_close(a, b)
-    weight, bias, args = conv.weight.detach(), conv.bias, _kernels._conv_args(conv)
-    tap = _kernels._identity_tap(weight, args)
+    weight, bias, args = conv.weight.detach(), conv.bias, kernels._conv_args(conv)
+    tap = kernels._identity_tap(weight, args)
     inputs = [x.clone().requires_grad_(), weight.clone().requires_grad_()]
-    assert torch.autograd.gradcheck(lambda a, w: _kernels._residual_conv(a, w, bias, args, tap), inputs)
+    assert torch.autograd.gradcheck(lambda a, w: kernels._residual_conv(a, w, bias, args, tap), inputs)
 
 
 @pytest.mark.parametrize(
@@ -90,10 +91,10 @@ def test_residual_depthwise_conv_is_one_convolution_with_the_same_values_and_gra
     ids=["strided", "grouped", "even", "off-centre"],
 )
 def test_residual_of_other_convolutions_is_the_plain_sum(conv):
-    assert _kernels._identity_tap(conv.weight, _kernels._conv_args(conv)) is None
+    assert kernels._identity_tap(conv.weight, kernels._conv_args(conv)) is None
     x = torch.randn(1, 6, 8, 8)
     if conv.stride == (1, 1) and conv(x).shape == x.shape:
-        torch.testing.assert_close(_kernels.residual_dwconv(conv, x), x + conv(x), rtol=0, atol=0)
+        torch.testing.assert_close(kernels.residual_dwconv(conv, x), x + conv(x), rtol=0, atol=0)
 
 
 def test_unfold_fold_equal_identity_kernel_convs():
@@ -102,10 +103,10 @@ def test_unfold_fold_equal_identity_kernel_convs():
     x = torch.randn(B, C, h, w)
     t = torch.randn(B, h * w, 9, C)
     with fast_paths(False):  # the official identity-kernel convolutions
-        ref, ref_fold = _ops.unfold3x3(x.permute(0, 2, 3, 1)), _ops.fold3x3(t, h, w)
+        ref, ref_fold = table.unfold3x3(x.permute(0, 2, 3, 1)), table.fold3x3(t, h, w)
     with fast_paths(True):
-        fast, fast_fold = _ops.unfold3x3(x.permute(0, 2, 3, 1)), _ops.fold3x3(t, h, w)
-    assert _ops.active().unfold3x3 is _kernels.unfold3x3 and _ops.active().fold3x3 is _kernels.fold3x3
+        fast, fast_fold = table.unfold3x3(x.permute(0, 2, 3, 1)), table.fold3x3(t, h, w)
+    assert table.active().unfold3x3 is kernels.unfold3x3 and table.active().fold3x3 is kernels.fold3x3
     torch.testing.assert_close(fast, ref)  # (B, h*w, 9, C)
     torch.testing.assert_close(fast_fold, ref_fold)
     # the official Unfold's order: neighbour k = 3 i + j of token (y, x) is the pixel (y + i - 1, x + j - 1)
@@ -118,14 +119,14 @@ def test_unfold_fold_gradients_are_each_others_forward():
     torch.manual_seed(0)
     h, w, C = 3, 4, 2
     x, t = torch.randn(2, h, w, C, dtype=torch.double), torch.randn(2, h * w, 9, C, dtype=torch.double)
-    assert torch.autograd.gradcheck(_kernels.unfold3x3, x.clone().requires_grad_())
-    assert torch.autograd.gradcheck(lambda a: _kernels.fold3x3(a, h, w), t.clone().requires_grad_())
+    assert torch.autograd.gradcheck(kernels.unfold3x3, x.clone().requires_grad_())
+    assert torch.autograd.gradcheck(lambda a: kernels.fold3x3(a, h, w), t.clone().requires_grad_())
     gu, gf = torch.randn(2, h * w, 9, C), torch.randn(2, h, w, C)
     grads = {}
     for fast in (False, True):
         xs, ts = x.float().requires_grad_(), t.float().requires_grad_()
         with fast_paths(fast):
-            torch.autograd.backward([_ops.unfold3x3(xs), _ops.fold3x3(ts, h, w)], [gu, gf])
+            torch.autograd.backward([table.unfold3x3(xs), table.fold3x3(ts, h, w)], [gu, gf])
         grads[fast] = (xs.grad, ts.grad)
     torch.testing.assert_close(grads[True], grads[False])
 
@@ -172,7 +173,7 @@ def test_onednn_attention_equals_sdpa(shape, chunked):
 
 
 def _check_onednn_attention(shape, chunked, limits):
-    from backbones import _attention
+    from backbones.ops import attention_kernels
 
     B, nh, n_q, n_k, d = shape
     torch.manual_seed(0)
@@ -181,12 +182,12 @@ def _check_onednn_attention(shape, chunked, limits):
     k = torch.randn(B, nh, n_k, d).mul(2).requires_grad_()
     v = torch.randn(B, n_k, nh, d).transpose(1, 2).requires_grad_()
     q_view = q * 1
-    kernel = _attention._onednn_kernel(q_view, k, limits)
-    assert kernel is (_attention._OneDnnChunkedAttention if chunked else _attention._OneDnnAttention)
+    kernel = attention_kernels._onednn_kernel(q_view, k, limits)
+    assert kernel is (attention_kernels._OneDnnChunkedAttention if chunked else attention_kernels._OneDnnAttention)
     if chunked:
         assert len(kernel._chunks(n_q, n_k, limits.attention_chunk_bytes)) > 3
     scale = d**-0.5
-    out = _ops.attention(q_view, k, v, scale)
+    out = table.attention(q_view, k, v, scale)
     ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
     assert_close(out, ref, "out")
     g = torch.randn_like(out)
@@ -195,9 +196,9 @@ def _check_onednn_attention(shape, chunked, limits):
 
 
 def test_attention_dispatch():
-    from backbones._attention import _onednn_kernel, _OneDnnAttention, _OneDnnChunkedAttention
+    from backbones.ops.attention_kernels import _onednn_kernel, _OneDnnAttention, _OneDnnChunkedAttention
 
-    limits = _ops.Limits(attention_min_keys=256)  # the default on CPUs with AVX-512
+    limits = table.Limits(attention_min_keys=256)  # the default on CPUs with AVX-512
     cpu = torch.zeros(1, 5, 1176, 64)
     assert _onednn_kernel(cpu, cpu, limits) is _OneDnnAttention
     assert _onednn_kernel(cpu[:, :, :100], cpu[:, :, :100], limits) is None  # few keys: SDPA
@@ -208,14 +209,14 @@ def test_attention_dispatch():
     assert _onednn_kernel(small, small, limits) is None  # many small calls
     # elsewhere (e.g. AVX2) SDPA measured faster: the kernel is not used by default
     avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    assert (_onednn_kernel(cpu, cpu, _ops.Limits()) is _OneDnnAttention) == avx512
+    assert (_onednn_kernel(cpu, cpu, table.Limits()) is _OneDnnAttention) == avx512
 
 
 def test_to_nchw_hands_the_gradient_back_in_the_source_layout():
     # the dense convolutions' NCHW detour: an NCHW gradient reaching the channels_last blocks made every gradient
     # accumulation there mix layouts
     x = torch.randn(2, 3, 5, 7).contiguous(memory_format=torch.channels_last).requires_grad_()
-    y = _kernels.to_nchw(x)
+    y = kernels.to_nchw(x)
     assert y.is_contiguous() and torch.equal(y, x)
     g = torch.randn(2, 3, 5, 7)
     y.backward(g)
@@ -298,7 +299,7 @@ def _fast_and_plain_mlp(m: Mlp, x, **limits):
 def test_mlp_with_a_5x5_depthwise_conv_at_a_chunked_size(recompute):
     """A researcher's larger depthwise kernel: the row chunks' halo and the recomputing backward read the conv's
     own padding (the recomputation once hard-coded padding 1 and crashed on large fp32 training inputs)."""
-    from backbones.stvit import ResDWC
+    from backbones.models.stvit import ResDWC
 
     torch.manual_seed(0)
     m = Mlp(8, 32)
@@ -333,7 +334,7 @@ def test_mlp_with_another_activation(act):
 
 @pytest.mark.parametrize("kernel,dw_bias", [(3, False), (5, True)])
 def test_inverted_residual_tail_gradcheck(kernel, dw_bias):
-    from backbones._kernels import _InvertedResidualTail
+    from backbones.ops.kernels import _InvertedResidualTail
 
     args = [torch.randn(1, 6, 4, 5), torch.randn(6, 1, kernel, kernel), torch.randn(6) if dw_bias else None]
     args.append(torch.randn(3, 6, 1, 1))
@@ -360,7 +361,7 @@ def test_inverted_residual_recomputation_equals_plain_and_keeps_one_hidden_tenso
     """HAT-Net's inverted residual with its SiLUs and depthwise conv recomputed in backward, in row chunks:
     the plain outputs and gradients, and one hidden-width tensor kept for backward where plain autograd keeps
     four (h, SiLU(h), the depthwise conv's output, its SiLU)."""
-    from backbones.hatnet import InvertedResidual
+    from backbones.models.hatnet import InvertedResidual
 
     torch.manual_seed(0)
     m = InvertedResidual(8, 32, 3)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backbones import HATNet
-from backbones.export import export_onnx
+from backbones.checkpoints.export import export_onnx
 from tests._tools import DET_CFG, SHRUNK, assert_close, load_tool, warnings_as_errors
 
 # 96x128 divides by every grid; 100x140 by none (STViT pads to whole super tokens, HAT-Net has partial

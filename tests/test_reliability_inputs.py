@@ -17,8 +17,8 @@ import pytest
 import torch
 from PIL import Image
 
-from backbones.atomic import write_json
-from backbones.export import save_torch
+from backbones.checkpoints.atomic import write_json
+from backbones.checkpoints.export import save_torch
 from tasks.training.checkpoint_io import AtomicCheckpointIO
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
@@ -66,7 +66,7 @@ def _write_v1(which, path):
     if which.startswith("ckpt"):
         AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, path)
     elif which == "metrics":
-        write_json(path, {"mIoU": 0.1})  # backbones.atomic's: the tools write their JSON results with it
+        write_json(path, {"mIoU": 0.1})  # backbones.checkpoints.atomic's: the tools write their JSON results with it
     else:
         save_torch({"w": torch.ones(3)}, path)
 
@@ -375,7 +375,7 @@ def evil(tmp_path):
 
 
 def test_evil_checkpoint_refused_by_checkpoint_io_and_test_tool(evil, tmp_path):
-    from backbones.pretrained import CheckpointError
+    from backbones.checkpoints.pretrained import CheckpointError
     from tasks.training.checkpoint_io import AtomicCheckpointIO
 
     path, marker = evil
@@ -387,7 +387,7 @@ def test_evil_checkpoint_refused_by_checkpoint_io_and_test_tool(evil, tmp_path):
 
 
 def test_evil_checkpoint_refused_by_train_resume(evil, tiny_data, tmp_path):
-    from backbones.pretrained import CheckpointError
+    from backbones.checkpoints.pretrained import CheckpointError
 
     path, marker = evil
     ade = tiny_data / "tiny_ade20k"
@@ -411,7 +411,7 @@ def test_evil_checkpoint_refused_by_train_resume(evil, tiny_data, tmp_path):
 def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
     from mmengine.runner import load_checkpoint
 
-    from backbones.pretrained import CheckpointError
+    from backbones.checkpoints.pretrained import CheckpointError
     from tasks import build_task
     from tasks.config.load import load_config
     from tasks.deploy.export import export_backbone
@@ -433,7 +433,7 @@ def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
 
 
 def test_an_unwritable_output_path_is_named_and_nothing_is_left(tmp_path):
-    from backbones.atomic import OutputError, check_writable
+    from backbones.checkpoints.atomic import OutputError, check_writable
 
     (tmp_path / "file").write_text("x")
     bad = tmp_path / "file" / "sub" / "out.json"  # its folder cannot be made: a file is in the way

@@ -113,7 +113,7 @@ def test_toy_family_trains_tests_and_exports_in_every_format(steps):
     assert _ok(steps, "test")["mIoU"] == pytest.approx(metrics["mIoU"])  # the same weights on the same images
 
     assert {"pth", "safetensors", "official", "onnx", "timm"} <= set(steps["formats"])
-    for fmt in steps["formats"]:  # every format export_backbone offers (backbones.export.FORMATS)
+    for fmt in steps["formats"]:  # every format export_backbone offers (backbones.checkpoints.export.FORMATS)
         export = _ok(steps, f"export_backbone {fmt}")
         assert (export["family"], export["format"]) == ("toy", fmt)
         # loaded back (load_pretrained, onnxruntime, timm), it computes what the first export (pth) computes

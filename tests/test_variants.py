@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from backbones import HATNet, STViT
-from backbones.pretrained import checkpoint_filter
+from backbones.checkpoints.pretrained import checkpoint_filter
 
 VARIANTS = {
     "stvit_small": (STViT, "small"),

@@ -1,4 +1,4 @@
-"""Attention maps recorded from the backbones' own forward pass (backbones/attention_maps.py) and the
+"""Attention maps recorded from the backbones' own forward pass (backbones/models/attention_maps.py) and the
 tools/visualize_attention.py pictures drawn from them."""
 
 import os
@@ -11,7 +11,9 @@ from PIL import Image
 
 import backbones
 from backbones import FAMILIES, fast_paths
-from backbones.attention_maps import (
+from backbones.errors import CheckpointError
+from backbones.families import Family, register, unregister
+from backbones.models.attention_maps import (
     attention_modules,
     global_attention_map,
     last_blocks,
@@ -20,8 +22,6 @@ from backbones.attention_maps import (
     stoken_association,
     window_attention_map,
 )
-from backbones.errors import CheckpointError
-from backbones.families import Family, register, unregister
 from tasks.figures.errors import FigureError
 from tests._tools import DET_CFG, FAMILY_DATA, SEG_CFG, load_tool
 from tests.test_family_registry import TOY
@@ -227,14 +227,14 @@ def _checkpoint(tmp_path, family, layout):
     model = _model(family, seed=1)
     sd = model.state_dict()
     if layout == "export":  # what tools/export_backbone.py writes (family and arch in the meta)
-        from backbones.export import save_backbone
+        from backbones.checkpoints.export import save_backbone
 
         save_backbone(sd, model, tmp_path / "backbone.safetensors")
         return str(tmp_path / "backbone.safetensors")
     if layout == "mm":  # tools/export_model.py: the detector's state_dict with 'backbone.' keys
         path, obj = tmp_path / "model.pth", {"state_dict": {f"backbone.{k}": v for k, v in sd.items()}}
     else:  # an official ImageNet release: {'model': ...} with the classifier head, no meta
-        from backbones.export import official_state_dict
+        from backbones.checkpoints.export import official_state_dict
 
         path, obj = (
             tmp_path / "official.pth",
@@ -343,7 +343,7 @@ model = dict(backbone=dict(_delete_=True, **toy_s_backbone), neck=dict(in_channe
 
 def _toy_run(tmp_path, family):
     """The toy config and an export of a toy backbone of ``family`` (registered for the test)."""
-    from backbones.export import save_backbone
+    from backbones.checkpoints.export import save_backbone
 
     register(family)
     torch.manual_seed(0)

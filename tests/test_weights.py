@@ -1,4 +1,5 @@
-"""backbones/weights.py and backbones/download.py: checkpoint URLs (downloaded once into torch.hub's cache,
+"""backbones/checkpoints/weights.py and backbones/checkpoints/download.py: checkpoint URLs (downloaded once into
+torch.hub's cache,
 verified by sha256) from an HTTP server on 127.0.0.1, the key / shape report, and the config's ``load_from`` in
 tools/train.py (fine-tuning from an exported model of the session's demo run, a checkpoint with another class
 count, ``--resume`` winning)."""
@@ -16,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from backbones import CheckpointError, STViT, load_model_weights, load_pretrained
-from backbones.download import cache_path, fetch
+from backbones.checkpoints.download import cache_path, fetch
 from tasks.config.load import load_config
 from tests._tools import DET_CFG, load_tool
 
@@ -138,7 +139,7 @@ def test_init_cfg_pretrained_url_with_sha256_key(server):
 
 
 def test_server_down_names_the_url_and_the_cache_path(tmp_path, monkeypatch):
-    from backbones import download
+    from backbones.checkpoints import download
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
     monkeypatch.setattr(download, "BACKOFF_S", 0.01)  # a refused connection is tried again too
@@ -290,7 +291,7 @@ def test_tools_take_a_checkpoint_url(det_run, server, tmp_path):
 
 def test_a_folder_given_as_a_checkpoint_is_named_with_the_files_in_it(tmp_path):
     # it was called "not found", which sends a user looking for a typo in a path that exists
-    from backbones.weights import check_checkpoint_path
+    from backbones.checkpoints.weights import check_checkpoint_path
 
     (tmp_path / "last.ckpt").write_bytes(b"")
     (tmp_path / "metrics.json").write_text("{}")

@@ -27,7 +27,7 @@ import argparse
 
 import torch
 
-from backbones.atomic import write_json
+from backbones.checkpoints.atomic import write_json
 from perf.backbone.scaling import SCALING_SIZES, scaling, scaling_plot, scaling_tables
 from perf.backbone.speed import rows_text, run, speed_table
 from perf.backbone.variants import throughput_table, variants_table

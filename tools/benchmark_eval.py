@@ -19,7 +19,7 @@ to 3 decimals, so differences up to 5e-4 are rounding. Measured figures: docs/ev
 
 import argparse
 
-from backbones.atomic import write_json
+from backbones.checkpoints.atomic import write_json
 from perf.coco import compare as coco_eval
 
 

@@ -97,7 +97,7 @@ def main(argv=None) -> dict:
         f"per-step CPU time {spread(ratios['cpu_time'])}, peak memory {spread(ratios['peak_memory'])}"
     )
     if args.json:
-        from backbones.atomic import atomic_write
+        from backbones.checkpoints.atomic import atomic_write
 
         atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1).encode()))
     return report

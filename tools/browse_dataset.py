@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from backbones.atomic import check_writable
+from backbones.checkpoints.atomic import check_writable
 from tasks.config.load import add_cfg_options, load_config
 from tasks.figures.browse import PHASES, browse_dataset
 from tasks.runtime.cli import command_line

@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from backbones.atomic import check_writable, write_json
+from backbones.checkpoints.atomic import check_writable, write_json
 from tasks.config.load import add_cfg_options, load_config
 from tasks.data.scan import SPLITS, scan, summary
 from tasks.runtime.cli import command_line

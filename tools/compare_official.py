@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from backbones.atomic import write_json
+from backbones.checkpoints.atomic import write_json
 from perf.backbone.against_official import compare_official, result_table
 from perf.official import REPOS
 

@@ -17,7 +17,7 @@ Formats (default: from the extension of FILE):
   onnx         .onnx             an ONNX graph of the backbone (plain path, eval mode): input "image"
                                  (batch, 3, height, width), outputs "stage0".."stage3" (the selected stages'
                                  feature maps, strides 4..32), batch / height / width dynamic; meta as JSON
-                                 in the graph's metadata "meta" (backbones.export.export_onnx)
+                                 in the graph's metadata "meta" (backbones.checkpoints.export.export_onnx)
   timm         a folder          what timm's hub tools write: config.json (architecture, model_args,
                                  pretrained_cfg; meta under "meta") and model.safetensors, for
                                  timm.create_model('local-dir:FOLDER', pretrained=True); an official release
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import argparse
 
-from backbones.export import FORMATS
+from backbones.checkpoints.export import FORMATS
 from tasks.deploy.export import WEIGHTS, export_backbone, format_metrics
 from tasks.runtime.cli import command_line
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
-from backbones.atomic import check_writable, write_json
+from backbones.checkpoints.atomic import check_writable, write_json
 from perf.flops import model_flops
 from tasks.config.load import add_cfg_options, check_config_path
 from tasks.runtime.cli import command_line

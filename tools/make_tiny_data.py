@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from backbones.atomic import check_writable
+from backbones.checkpoints.atomic import check_writable
 from tasks.data.tiny import make_ade20k, make_coco
 from tasks.runtime.cli import command_line
 

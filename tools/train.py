@@ -35,7 +35,7 @@ import traceback
 
 import lightning as L
 
-from backbones.atomic import write_json, write_text
+from backbones.checkpoints.atomic import write_json, write_text
 from backbones.errors import UserError
 from tasks import build_task
 from tasks.config.load import add_cfg_options, config_text, default_work_dir, load_config

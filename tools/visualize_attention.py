@@ -11,7 +11,7 @@ padding). CHECKPOINT: a Lightning ``.ckpt`` (tools/train.py), an mm-format check
 a backbone export (tools/export_backbone.py: .pth / .safetensors / official layout) or an official ImageNet
 release: only the backbone's weights are used (``backbones.load_pretrained``).
 
-The maps are the ones the backbone computes in its forward pass (``backbones.attention_maps``), from the last
+The maps are the ones the backbone computes in its forward pass (``backbones.models.attention_maps``), from the last
 block of each stage, averaged over heads, drawn over the original image (mapped back through the pipeline's
 scale factor and padding), one labelled PNG per image in DIR:
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 
-from backbones.atomic import check_writable
+from backbones.checkpoints.atomic import check_writable
 from tasks.config.load import add_cfg_options, load_config, torch_device
 from tasks.figures.attention_run import draw_attention
 from tasks.runtime.cli import command_line

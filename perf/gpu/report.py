@@ -7,7 +7,7 @@ import datetime
 
 import torch
 
-from backbones.atomic import write_text
+from backbones.checkpoints.atomic import write_text
 
 from ..models import swin_source
 from .plan import FULL, QUICK, Budget, Models, render

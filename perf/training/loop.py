@@ -164,7 +164,7 @@ def run_loop(argv: list[str]) -> dict:
         "last_loss": (_last_loss_lightning if loop == "lightning" else _last_loss_runner)(work_dir),
         "marks": marks,
     }
-    from backbones.atomic import atomic_write
+    from backbones.checkpoints.atomic import atomic_write
 
     atomic_write(out, lambda f: f.write(json.dumps(result).encode()))
     return result

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backbones.atomic import atomic_write
+from backbones.checkpoints.atomic import atomic_write
 
 from ..child import ROOT, last_json, run_module
 from ..memory import peak_rss_gib

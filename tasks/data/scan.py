@@ -207,7 +207,7 @@ def summary(report: dict, limit: int = 50) -> list[str]:
 def check_before_training(cfg, scope: str, report_path: str, workers: int = 2) -> None:
     """``tools/train.py --check-data``: ``scan`` every split; with a problem, the report goes to ``report_path``
     (JSON) and a ``DataError`` names the first problems and the file."""
-    from backbones.atomic import write_json
+    from backbones.checkpoints.atomic import write_json
 
     report = scan(cfg, scope, workers=workers)
     logging.getLogger("lightning.pytorch").info("--check-data: %s", summary(report)[-1])

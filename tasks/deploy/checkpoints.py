@@ -1,5 +1,5 @@
 """Reading training checkpoints: ours (Lightning: ``state_dict`` keys ``model.*`` plus the training state) and
-mm's (``{'state_dict': ..., 'meta': ...}``), always through ``backbones.weights`` (``weights_only`` with an
+mm's (``{'state_dict': ..., 'meta': ...}``), always through ``backbones.checkpoints.weights`` (``weights_only`` with an
 allow-list; http(s) URLs downloaded once and verified), and the training config they carry (read as literals,
 never executed).
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from mmengine.config import Config
 
-from backbones.export import ExportError, plain_meta
-from backbones.weights import CheckpointError, check_checkpoint_path, model_state_dict, read_checkpoint
+from backbones.checkpoints.export import ExportError, plain_meta
+from backbones.checkpoints.weights import CheckpointError, check_checkpoint_path, model_state_dict, read_checkpoint
 
 from ..config.load import config_text
 
@@ -73,7 +73,8 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
     """Read a Lightning checkpoint of ``tools/train.py`` or an mm-format checkpoint (``state_dict`` + ``meta``).
 
     Args:
-        path: the checkpoint file, or an http(s) URL of one (``#sha256=`` verifies it; see backbones/download.py).
+        path: the checkpoint file, or an http(s) URL of one (``#sha256=`` verifies it; see
+        backbones/checkpoints/download.py).
 
     Raises ``CheckpointError`` for a file that is neither, backbone exports included (``load_pretrained`` reads those).
     """

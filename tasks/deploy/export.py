@@ -3,9 +3,9 @@ mm's checkpoint format (``tools/export_model.py``).
 
 Inputs are our Lightning checkpoints (``state_dict`` keys ``model.*``, plus Lightning's training state) and
 mm-format checkpoints (``{'state_dict': {'backbone.*': ...}, 'meta': ...}``), always read through
-``backbones.weights.read_checkpoint`` (``weights_only`` with an allow-list). The training config comes from
+``backbones.checkpoints.weights.read_checkpoint`` (``weights_only`` with an allow-list). The training config comes from
 ``--config`` or from the checkpoint (read as literals, never executed); the tensors are checked against the model
-that config builds before anything is written. The file formats themselves are ``backbones/export.py``'s.
+that config builds before anything is written. The file formats themselves are ``backbones/checkpoints/export.py``'s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 from mmengine.config import Config
 
-from backbones.export import (
+from backbones.checkpoints.export import (
     EXTENSIONS,
     ExportError,
     canonical_state_dict,
@@ -28,9 +28,9 @@ from backbones.export import (
     save_torch,
     tensor_sha256,
 )
+from backbones.checkpoints.pretrained import CheckpointError, detect_family, state_dict_diff
+from backbones.checkpoints.weights import check_checkpoint_path, is_state_dict, read_checkpoint
 from backbones.families import FAMILIES, by_type_name, get
-from backbones.pretrained import CheckpointError, detect_family, state_dict_diff
-from backbones.weights import check_checkpoint_path, is_state_dict, read_checkpoint
 
 from ..config.scopes import register_scope
 from .checkpoints import read_training_checkpoint, resolve_config
@@ -121,7 +121,7 @@ def export_backbone(
 
     Args:
         checkpoint: a Lightning checkpoint of ``tools/train.py``, an mm-format checkpoint, or an official release
-            (``backbones.export.export_release``: its variant from its shapes; ``timm`` keeps its head).
+            (``backbones.checkpoints.export.export_release``: its variant from its shapes; ``timm`` keeps its head).
         out: the file to write: ``.pth`` / ``.pt``, ``.safetensors``, ``.onnx``, or the folder of a ``timm`` export.
         fmt: ``'pth'``, ``'safetensors'``, ``'official'``, ``'onnx'`` or ``'timm'``; None: from the extension of
             ``out``.

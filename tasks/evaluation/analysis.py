@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from backbones.atomic import atomic_write, write_text
+from backbones.checkpoints.atomic import atomic_write, write_text
 
 PLOT_CLASSES = 10  # mmseg's figure is 2 inches per class at 300 dpi: 10 classes are 6000 x 4800 px
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
-from backbones.atomic import check_writable, write_json
-from backbones.weights import check_checkpoint_path, load_state_dict_checked
+from backbones.checkpoints.atomic import check_writable, write_json
+from backbones.checkpoints.weights import check_checkpoint_path, load_state_dict_checked
 
 from .. import build_task
 from ..config.load import default_work_dir, load_config
@@ -32,7 +32,7 @@ def evaluate_checkpoint(args: argparse.Namespace, callbacks=()) -> dict:
         dataset.pipeline = without_annotation_loading(dataset.pipeline)
         (dataset.get("data_prefix") or {}).pop("seg_map_path", None)
     # a directory is a sharded Lightning checkpoint; a file (or an http(s) URL, downloaded once and verified) is
-    # read safely (weights_only + allow-list) by backbones.weights; checked before any output folder is made
+    # read safely (weights_only + allow-list) by backbones.checkpoints.weights; checked before any output folder is made
     checkpoint = args.checkpoint if osp.isdir(args.checkpoint) else check_checkpoint_path(args.checkpoint)
     work_dir = args.work_dir or default_work_dir(cfg, args.config)
     # every output is checked before the model runs: an unwritable path would fail only at the end

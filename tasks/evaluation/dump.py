@@ -29,7 +29,7 @@ from typing import BinaryIO
 import lightning as L
 import torch.distributed as dist
 
-from backbones.atomic import atomic_write
+from backbones.checkpoints.atomic import atomic_write
 from backbones.errors import UserError
 
 PICKLE_SUFFIXES = (".pkl", ".pickle")

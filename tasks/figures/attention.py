@@ -18,7 +18,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from backbones.atomic import atomic_write  # noqa: E402
+from backbones.checkpoints.atomic import atomic_write  # noqa: E402
 
 MIN_PANEL_SIDE = 320  # display pixels: small images are enlarged so the labels stay readable
 TITLE_LINES, TITLE_PT, CHAR_PX = 3, 9, 6.4  # panel titles: wrapped to at most 3 lines of 9 pt text

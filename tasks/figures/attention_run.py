@@ -10,8 +10,8 @@ import os.path as osp
 import torch
 
 from backbones import FAMILIES, family_of, load_pretrained
-from backbones.attention_maps import last_blocks, record_attention
 from backbones.families import by_type_name
+from backbones.models.attention_maps import last_blocks, record_attention
 
 from ..config.load import build_from_registry
 from ..config.scopes import register_scope

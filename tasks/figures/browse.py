@@ -22,7 +22,7 @@ import mmcv
 import numpy as np
 from mmengine.config import Config
 
-from backbones.atomic import atomic_write
+from backbones.checkpoints.atomic import atomic_write
 
 from ..config.scopes import register_scope
 from ..data.module import MMDataModule

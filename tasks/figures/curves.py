@@ -11,7 +11,7 @@ import re
 import statistics
 from pathlib import Path
 
-from backbones.atomic import atomic_write
+from backbones.checkpoints.atomic import atomic_write
 
 from .errors import FigureError
 

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from backbones.attention_maps import global_attention_map, stoken_assignment, stoken_association, window_attention_map
+from backbones.models.attention_maps import (
+    global_attention_map,
+    stoken_assignment,
+    stoken_association,
+    window_attention_map,
+)
 
 from .attention import (
     Grid,
@@ -157,7 +162,7 @@ def draw_window_and_global(out: str, image: PreparedImage, records: dict, point,
 
 def stage_maps(record: Mapping) -> dict[str, torch.Tensor]:
     """The tensors of ``record`` that are maps over the stage's positions: shaped (B, ..., H, W), (H, W) the
-    record's ``size`` (what every record of ``backbones.attention_maps`` names)."""
+    record's ``size`` (what every record of ``backbones.models.attention_maps`` names)."""
     size = tuple(record.get("size", ()))
     return {
         key: value

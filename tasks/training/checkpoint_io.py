@@ -8,9 +8,9 @@ sibling of the target, flushed to disk, and then ``os.replace``-d, which is atom
 killed by SIGKILL cannot delete its temp file: the next write of the same target removes the temp files
 of writers (same host) that are no longer alive.
 
-Reading goes through ``backbones.weights.read_checkpoint``: ``weights_only`` unpickling with a small
+Reading goes through ``backbones.checkpoints.weights.read_checkpoint``: ``weights_only`` unpickling with a small
 allow-list, so a crafted checkpoint cannot run code when ``--resume`` / ``tools/test.py`` open it. The config's
-``load_from`` (fine-tuning from a whole model) is loaded here too, by ``backbones.weights``.
+``load_from`` (fine-tuning from a whole model) is loaded here too, by ``backbones.checkpoints.weights``.
 """
 
 from __future__ import annotations
@@ -25,14 +25,20 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 
-from backbones.atomic import atomic_write
-from backbones.weights import CheckpointError, KeyReport, load_model_weights, read_checkpoint, state_dict_diff
+from backbones.checkpoints.atomic import atomic_write
+from backbones.checkpoints.weights import (
+    CheckpointError,
+    KeyReport,
+    load_model_weights,
+    read_checkpoint,
+    state_dict_diff,
+)
 
 from .disk_space import disk_full_error, space_failure
 
 
 def load_checkpoint_safely(path: str | os.PathLike, map_location: str | torch.device | None = None) -> dict:
-    """``torch.load(weights_only=True)`` with the allow-list of ``backbones.weights``; a file that holds
+    """``torch.load(weights_only=True)`` with the allow-list of ``backbones.checkpoints.weights``; a file that holds
     other Python objects (which could run code when unpickled) is refused with ``CheckpointError``."""
     obj, _ = read_checkpoint(path)  # CPU tensors
     if map_location is not None and not callable(map_location):

@@ -10,9 +10,17 @@ import re
 import torch
 from torch import nn
 
-from backbones._common import NUM_STAGES, DropPath, Probe, StagedBackbone, check_input, drop_path_rates, resolve_arch
 from backbones.families import Classifier, Family, OfficialCode, register
-from backbones.heads import LinearHead
+from backbones.models.base import (
+    NUM_STAGES,
+    DropPath,
+    Probe,
+    StagedBackbone,
+    check_input,
+    drop_path_rates,
+    resolve_arch,
+)
+from backbones.models.heads import LinearHead
 
 NUM_CLASSES = 10  # the official head's classes
 

@@ -22,8 +22,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import _ops as ops
-from ._common import (
+from ..families import Classifier, Family, OfficialCode, register
+from ..ops import table as ops
+from .attention_maps import global_record, window_record
+from .base import (
     NUM_STAGES,
     DropPath,
     Probe,
@@ -37,8 +39,6 @@ from ._common import (
     resolve_arch,
     shape_dependent_branches_traced,
 )
-from .attention_maps import global_record, window_record
-from .families import Classifier, Family, OfficialCode, register
 from .heads import LinearHead
 
 _GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
@@ -304,7 +304,7 @@ class HATNet(StagedBackbone):
     def forward_stages(self, x, indices: Sequence[int], until: int = NUM_STAGES - 1) -> tuple[torch.Tensor, ...]:
         """The outputs of the stages ``indices`` (sorted), running stages 0..``until`` only."""
         check_input(x, "HATNet", self._stem_dtype())
-        x = ops.dense_conv(self.patch_embed, x)  # channels_last with fast paths on (see _ops)
+        x = ops.dense_conv(self.patch_embed, x)  # channels_last with fast paths on (see backbones/ops/table.py)
         outs = []
         for i, ds in enumerate(self._downsamples()[: until + 1]):
             if ds is not None:

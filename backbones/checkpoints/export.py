@@ -17,10 +17,10 @@ from collections.abc import Mapping
 
 import torch
 
-from ._fast_paths import fast_paths
+from ..errors import UserError
+from ..families import family_of, get
+from ..ops.switch import fast_paths
 from .atomic import atomic_write, plain_meta
-from .errors import UserError
-from .families import family_of, get
 from .pretrained import SAFETENSORS_META_KEY, CheckpointError, arch_signature, load_pretrained, read_checkpoint
 from .weights import state_dict_diff
 

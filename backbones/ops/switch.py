@@ -8,7 +8,7 @@ computes the plain formulation of the paper instead. Both compute the same value
 (``tests/test_fast_kernels_match_plain.py``, ``tests/test_golden.py``); the plain path is the one to read, to
 export and to count FLOPs on.
 
-Switching selects the op set (``_ops.OpSet``) that the model files call from their next forward on, in every
+Switching selects the op set (``table.OpSet``) that the model files call from their next forward on, in every
 model already built; the size thresholds (``Limits``) are part of the set.
 """
 
@@ -18,22 +18,22 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from . import _ops
-from ._ops import Limits
+from . import table
+from .table import Limits
 
 __all__ = ["Limits", "enabled", "set_fast_paths", "fast_paths"]
 
 
 def enabled() -> bool:
     """Whether the fast paths are on."""
-    return _ops.active().fast
+    return table.active().fast
 
 
 def set_fast_paths(enabled: bool) -> bool:
     """Switch every fast path on or off for all models; returns the previous setting."""
     if not isinstance(enabled, bool):
         raise TypeError(f"set_fast_paths expects True or False; got {enabled!r}")
-    return _ops.activate(_ops.select(enabled, _ops.active().limits)).fast
+    return table.activate(table.select(enabled, table.active().limits)).fast
 
 
 @contextmanager
@@ -47,9 +47,9 @@ def fast_paths(enabled: bool, **limits: int) -> Iterator[Limits]:
     unknown = sorted(set(limits) - set(fields))
     if unknown:
         raise TypeError(f"fast_paths: unknown limits {unknown}; valid: {fields}")
-    chosen = dataclasses.replace(_ops.active().limits, **limits)
-    previous = _ops.activate(_ops.select(enabled, chosen))
+    chosen = dataclasses.replace(table.active().limits, **limits)
+    previous = table.activate(table.select(enabled, chosen))
     try:
         yield chosen
     finally:
-        _ops.activate(previous)
+        table.activate(previous)

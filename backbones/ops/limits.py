@@ -1,4 +1,4 @@
-"""The input sizes from which the fast kernels engage (used by ``_ops`` and the kernel modules)."""
+"""The input sizes from which the fast kernels engage (used by ``table`` and the kernel modules)."""
 
 import dataclasses
 

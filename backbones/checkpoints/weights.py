@@ -1,12 +1,13 @@
 """Reading checkpoints and loading them into a model, with one key / shape report.
 
 Every weight file of the project goes through here: backbone checkpoints (``load_pretrained`` in
-``backbones/pretrained.py`` adds the official key filter and the variant checks), whole models (``load_from``,
+``backbones/checkpoints/pretrained.py`` adds the official key filter and the variant checks), whole models
+(``load_from``,
 ``tools/test.py``, ``tools/infer.py``: ours, mmdet's / mmseg's ``{'state_dict', 'meta'}`` files, Lightning
 checkpoints whose keys start with ``model.``) and training checkpoints (``--resume``, read by
 ``tasks/training/checkpoint_io.py``). Files are read with ``torch.load(weights_only=True)`` and a small
 allow-list, so a crafted checkpoint cannot run code; ``http(s)://`` URLs are downloaded and verified first
-(``backbones/download.py``). Pure PyTorch: no Lightning, no mm.
+(``backbones/checkpoints/download.py``). Pure PyTorch: no Lightning, no mm.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from .errors import CheckpointError  # noqa: F401 - raised here, imported from here by the callers
+from ..errors import CheckpointError  # noqa: F401 - raised here, imported from here by the callers
 
 # Classes that may appear in trusted-format checkpoints besides tensors and Python builtins: the
 # official DeiT-style training scripts store their `args` as an argparse.Namespace.
@@ -104,7 +105,7 @@ def state_dict_diff(
 # --- reading files -------------------------------------------------------------------------------------
 def check_checkpoint_path(path: str | os.PathLike, sha256: str | None = None) -> str:
     """The local file that ``path`` names: ``path`` itself, or for an ``http(s)://`` URL the verified file in
-    torch.hub's cache (downloaded once, see ``backbones/download.py``).
+    torch.hub's cache (downloaded once, see ``backbones/checkpoints/download.py``).
 
     Args:
         path: a file path (``~`` expanded) or an ``http(s)://`` URL (optionally ``#sha256=<hex>``).

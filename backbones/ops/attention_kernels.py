@@ -1,5 +1,5 @@
-"""The fast kernels of softmax attention, ``softmax(q k^T * scale) v`` (``_ops.attention``; the plain
-formulation, the attention matrix materialised, is in ``_ops``).
+"""The fast kernels of softmax attention, ``softmax(q k^T * scale) v`` (``table.attention``; the plain
+formulation, the attention matrix materialised, is in ``table``).
 
 SDPA, or on CPU in fp32 for attention over a few hundred keys or more (STViT's global stage, HAT-Net's global
 attention to the pooled map) a kernel that runs every GEMM through oneDNN, whose GEMMs measured faster than
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from ._limits import Limits
+    from .limits import Limits
 
 _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 
@@ -144,7 +144,7 @@ def attention(
     *,
     limits: Limits,
 ) -> torch.Tensor:
-    """softmax(q @ k^T * scale) @ v over (..., N, head_dim) tensors (``_ops.attention``), by the oneDNN kernels
+    """softmax(q @ k^T * scale) @ v over (..., N, head_dim) tensors (``table.attention``), by the oneDNN kernels
     where ``limits`` say so, else SDPA. ``weights`` (a probe) is never called: no kernel forms the weights."""
     kernel = _onednn_kernel(q, k, limits) if mask is None else None
     if kernel is _OneDnnAttention:

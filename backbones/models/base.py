@@ -10,15 +10,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import _ops
-from .pretrained import load_pretrained
+from ..checkpoints.pretrained import load_pretrained
+from ..ops import table
 
 MIN_INPUT_SIZE = 32
 NUM_STAGES = 4
 
 
 # Feature maps are NCHW; the attention math reads them NHWC. Under fast paths they are channels_last in memory
-# (``_ops.to_internal``), so these permutes are free views there.
+# (``table.to_internal``), so these permutes are free views there.
 def nhwc(x: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) -> (B, H, W, C) view (contiguous when x is channels_last)."""
     return x.permute(0, 2, 3, 1)
@@ -51,7 +51,7 @@ def pad_to_multiple(x: torch.Tensor, multiple: tuple[int, int], dims: tuple[int,
 
 class Probe(nn.Identity):
     """A named point in a forward where a quantity of the paper passes (an identity): forward hooks on it see
-    the quantity (``backbones.attention_maps`` records through them)."""
+    the quantity (``backbones.models.attention_maps`` records through them)."""
 
 
 class DropPath(nn.Module):
@@ -319,7 +319,7 @@ class StagedBackbone(nn.Module):
             if with_cp and x.requires_grad:
                 # the recomputation in backward runs the block with the op set of this forward (a compiled
                 # graph has its ops fixed already)
-                fn = blk if torch.compiler.is_compiling() else functools.partial(_ops.run_with, _ops.active(), blk)
+                fn = blk if torch.compiler.is_compiling() else functools.partial(table.run_with, table.active(), blk)
                 x = checkpoint(fn, x, use_reentrant=False)
             else:
                 x = blk(x)

@@ -1,4 +1,4 @@
-"""Atomic file writes shared by exports (backbones/export.py) and checkpoints / metrics (tasks/).
+"""Atomic file writes shared by exports (backbones/checkpoints/export.py) and checkpoints / metrics (tasks/).
 
 The temp file is a sibling of the target, flushed and fsynced, then ``os.replace``-d onto it (atomic on
 POSIX), and the directory is fsynced so the rename itself is durable. A reader therefore sees the previous
@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 _HOST = socket.gethostname().replace(".", "_")
 

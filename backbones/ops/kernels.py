@@ -1,7 +1,7 @@
-"""Memory and speed kernels behind the model files' fast paths (``backbones.fast_paths``, ``_ops.fast_ops``).
+"""Memory and speed kernels behind the model files' fast paths (``backbones.fast_paths``, ``table.fast_ops``).
 
-Each kernel computes what the plain formulation in ``_ops`` computes, values and gradients
-(``tests/test_fast_kernels_match_plain.py``); the model files reach them through ``_ops`` with fast paths on, and each
+Each kernel computes what the plain formulation in ``table`` computes, values and gradients
+(``tests/test_fast_kernels_match_plain.py``); the model files reach them through ``table`` with fast paths on, and each
 one checks that the modules it is handed are the kind it was written for, falling back to the plain
 composition otherwise. Why each exists, and what it measured, is in docs/kernels.md.
 """
@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from ._limits import Limits
+    from .limits import Limits
 
 
 # --- row chunks -------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def _residual_conv(x, weight, bias, conv_args, tap) -> torch.Tensor:
 
 
 def residual_dwconv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``x + conv(x)`` (``_ops.residual_dwconv``, STViT's ResDWC): one convolution when ``conv`` is an nn.Conv2d
+    """``x + conv(x)`` (``table.residual_dwconv``, STViT's ResDWC): one convolution when ``conv`` is an nn.Conv2d
     that ``_identity_tap`` accepts, with zero padding; else the plain sum."""
     if not isinstance(conv, nn.Conv2d) or conv.padding_mode != "zeros":
         return x + conv(x)
@@ -308,7 +308,7 @@ def inverted_residual(
     *,
     limits: Limits,
 ) -> torch.Tensor:
-    """``conv3(act2(dwconv(act1(conv1(x)))))`` (``_ops.inverted_residual``), in row chunks on large CPU maps and,
+    """``conv3(act2(dwconv(act1(conv1(x)))))`` (``table.inverted_residual``), in row chunks on large CPU maps and,
     for hidden activations of at least limits.mlp_recompute_numel elements in training (no autocast), with the
     activations and the depthwise conv recomputed in backward (``_InvertedResidualTail``). The recomputation
     applies only to the SiLUs, depthwise conv and bias-free 1x1 conv3 it was written for; other modules take
@@ -379,11 +379,11 @@ class _Fold3x3(torch.autograd.Function):
 
 
 def unfold3x3(x: torch.Tensor) -> torch.Tensor:
-    """``_ops.unfold3x3``: (B, h, w, C) -> (B, h*w, 9, C), as padded slices; its backward is ``fold3x3``."""
+    """``table.unfold3x3``: (B, h, w, C) -> (B, h*w, 9, C), as padded slices; its backward is ``fold3x3``."""
     return _Unfold3x3.apply(x) if torch.is_grad_enabled() and x.requires_grad else _unfold3x3(x)
 
 
 def fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """``_ops.fold3x3``: (B, h*w, 9, C) -> (B, h, w, C), as nine shifted slice additions; its backward is
+    """``table.fold3x3``: (B, h*w, 9, C) -> (B, h, w, C), as nine shifted slice additions; its backward is
     ``unfold3x3``."""
     return _Fold3x3.apply(x, h, w) if torch.is_grad_enabled() and x.requires_grad else _fold3x3(x, h, w)

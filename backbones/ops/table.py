@@ -1,11 +1,11 @@
 """The operations the model files call where a fast kernel exists beside the plain formulation.
 
-    from . import _ops as ops
+    from ..ops import table as ops   # in a model file
     out = ops.attention(q, k, v, scale)     # softmax(q k^T * scale) v
 
 Each function below forwards to the active ``OpSet``: ``PLAIN`` (the formulation of the paper and the
-official code, to read, export and count FLOPs on) or ``fast_ops(limits)`` (the kernels of ``_kernels.py`` and
-``_attention.py``, same values and gradients). ``backbones.set_fast_paths`` / ``backbones.fast_paths`` pick the
+official code, to read, export and count FLOPs on) or ``fast_ops(limits)`` (the kernels of ``kernels.py`` and
+``attention_kernels.py``, same values and gradients). ``backbones.set_fast_paths`` / ``backbones.fast_paths`` pick the
 set when the switch changes, so the model files hold no switch checks. ``run_with(ops_, fn, ...)`` runs fn
 under a captured set: activation checkpointing recomputes a block with the set its forward used, whatever
 the switch says by the time backward runs.
@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import _attention, _kernels
-from ._limits import Limits
+from . import attention_kernels, kernels
+from .limits import Limits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +94,13 @@ def fast_ops(limits: Limits) -> OpSet:
         fast=True,
         limits=limits,
         to_internal=lambda x: x.contiguous(memory_format=torch.channels_last),
-        attention=functools.partial(_attention.attention, limits=limits),
-        unfold3x3=_kernels.unfold3x3,
-        fold3x3=_kernels.fold3x3,
-        gelu=_kernels.gelu,
-        residual_dwconv=_kernels.residual_dwconv,
-        conv_ffn=functools.partial(_kernels.conv_ffn, limits=limits),
-        inverted_residual=functools.partial(_kernels.inverted_residual, limits=limits),
+        attention=functools.partial(attention_kernels.attention, limits=limits),
+        unfold3x3=kernels.unfold3x3,
+        fold3x3=kernels.fold3x3,
+        gelu=kernels.gelu,
+        residual_dwconv=kernels.residual_dwconv,
+        conv_ffn=functools.partial(kernels.conv_ffn, limits=limits),
+        inverted_residual=functools.partial(kernels.inverted_residual, limits=limits),
     )
 
 
@@ -164,7 +164,7 @@ def attention(
     weights: nn.Module | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v over (..., N, head_dim) tensors; ``mask`` (boolean, broadcast to (..., N_q, N_k))
-    marks the keys each query may attend to. ``weights``: a probe module (``_common.Probe``) that the plain
+    marks the keys each query may attend to. ``weights``: a probe module (``base.Probe``) that the plain
     formulation passes the attention weights through (fused kernels never form them; recording forces plain)."""
     return _ACTIVE[0].attention(q, k, v, scale, mask, weights)
 
@@ -187,24 +187,24 @@ def dense_conv(fn: Callable, x: torch.Tensor) -> torch.Tensor:
     values either way."""
     ops_ = _ACTIVE[0]
     if ops_.fast and ops_.limits.dense_conv_nchw and x.device.type == "cpu":
-        return ops_.to_internal(fn(_kernels.to_nchw(x)))
+        return ops_.to_internal(fn(kernels.to_nchw(x)))
     return fn(ops_.to_internal(x))
 
 
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    """``F.gelu``; fast: a channels_last map through its NHWC view (``_kernels.gelu``)."""
+    """``F.gelu``; fast: a channels_last map through its NHWC view (``kernels.gelu``)."""
     return _ACTIVE[0].gelu(x, approximate=approximate)
 
 
 def residual_dwconv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``x + conv(x)`` for ``conv`` a depthwise convolution that keeps the size (STViT's ResDWC); fast: one
-    convolution, its kernel with 1 added at the centre (``_kernels.residual_dwconv``)."""
+    convolution, its kernel with 1 added at the centre (``kernels.residual_dwconv``)."""
     return _ACTIVE[0].residual_dwconv(conv, x)
 
 
 def conv_ffn(x: torch.Tensor, fc1: nn.Module, act: nn.Module, res: nn.Module, fc2: nn.Module) -> torch.Tensor:
     """``fc2(res(act(fc1(x))))``, STViT's ConvFFN with the residual depthwise conv ``res``; fast: in row chunks
-    on large CPU maps, large hidden layers recomputed in backward (``_kernels.conv_ffn``)."""
+    on large CPU maps, large hidden layers recomputed in backward (``kernels.conv_ffn``)."""
     return _ACTIVE[0].conv_ffn(x, fc1, act, res, fc2)
 
 
@@ -212,5 +212,5 @@ def inverted_residual(
     x: torch.Tensor, conv1: nn.Module, act1: nn.Module, dwconv: nn.Module, act2: nn.Module, conv3: nn.Module
 ) -> torch.Tensor:
     """``conv3(act2(dwconv(act1(conv1(x)))))``, HAT-Net's inverted residual between its GroupNorms; fast: in row
-    chunks on large CPU maps, large hidden layers recomputed in backward (``_kernels.inverted_residual``)."""
+    chunks on large CPU maps, large hidden layers recomputed in backward (``kernels.inverted_residual``)."""
     return _ACTIVE[0].inverted_residual(x, conv1, act1, dwconv, act2, conv3)

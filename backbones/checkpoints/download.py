@@ -41,8 +41,8 @@ import urllib.request
 
 import torch.hub
 
+from ..errors import CheckpointError
 from .atomic import OutputError, atomic_write
-from .errors import CheckpointError
 
 logger = logging.getLogger("backbones")
 

@@ -16,8 +16,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import _ops as ops
-from ._common import (
+from ..families import Classifier, Family, OfficialCode, register
+from ..ops import table as ops
+from .attention_maps import stoken_record
+from .base import (
     NUM_STAGES,
     DropPath,
     Probe,
@@ -30,8 +32,6 @@ from ._common import (
     pad_to_multiple,
     resolve_arch,
 )
-from .attention_maps import stoken_record
-from .families import Classifier, Family, OfficialCode, register
 from .heads import LinearHead, global_pool
 
 # The released variants (official ``stvit_small/base/large``).
@@ -388,7 +388,7 @@ class STViT(StagedBackbone):
     def forward_stages(self, x, indices: Sequence[int], until: int = NUM_STAGES - 1) -> tuple[torch.Tensor, ...]:
         """The outputs of the stages ``indices`` (sorted), running stages 0..``until`` only."""
         check_input(x, "STViT", self._stem_dtype())
-        x = self.patch_embed(x)  # channels_last with fast paths on (ops.dense_conv, see _ops)
+        x = self.patch_embed(x)  # channels_last with fast paths on (ops.dense_conv, see backbones/ops/table.py)
         outs = []
         for i in range(until + 1):
             layer = self.layers[i]

@@ -4,7 +4,7 @@
         model(images)
     maps[(stage, block)]  # dict of tensors, see below
 
-The attention modules pass the paper's quantities through named probe points (``_common.Probe``, identities):
+The attention modules pass the paper's quantities through named probe points (``base.Probe``, identities):
 STViT's ``StokenAttention.association`` (the association map Q), HAT-Net's ``Attention.window_weights`` and
 ``Attention.global_weights`` (the attention weights). Inside a ``record_attention`` block, forward hooks on the
 watched modules' probes store (detached) what passed through them, and the backbones compute their plain
@@ -38,8 +38,8 @@ from contextlib import ExitStack, contextmanager
 import torch
 import torch.nn as nn
 
-from ._fast_paths import fast_paths
-from .families import FAMILIES, family_of
+from ..families import FAMILIES, family_of
+from ..ops.switch import fast_paths
 
 
 def attention_modules(model: nn.Module) -> dict[tuple[int, int], nn.Module]:

@@ -1,0 +1,1 @@
+"""Checkpoints: reading, downloading, loading into a backbone, exporting, and atomic file writes."""

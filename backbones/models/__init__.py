@@ -1,0 +1,1 @@
+"""The model families (one file each), their shared base class, heads and attention recording."""

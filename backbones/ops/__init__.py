@@ -1,0 +1,1 @@
+"""The operations the model files call, each a plain formulation and a fast kernel behind one switch."""
