@@ -9,11 +9,11 @@ import pytest
 from mmengine.config import Config
 from PIL import Image
 
-from backbones.families import register, unregister
+from backbones.families import unregister
 from tasks.config.keys import ConfigError
 from tasks.config.load import load_config
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
-from tests.test_family_registry import TOY
+from tests.test_family_registry import load_toy
 
 
 def test_print_config_resolves_bases_and_overrides(capsys):
@@ -51,7 +51,7 @@ def test_print_config_segmentation():
 
 
 def test_a_new_familys_own_config_variables_pass_the_key_check(tmp_path):
-    """A config of a family registered later (tests/test_family_registry.py's toy) written as ours are, with the
+    """A config of a family registered later (tests/data/toy.py) written as ours are, with the
     family's own variables: they pass while the family is registered, and are unknown keys otherwise."""
     path = tmp_path / "toy.py"
     path.write_text(
@@ -63,11 +63,11 @@ def test_a_new_familys_own_config_variables_pass_the_key_check(tmp_path):
     tool = load_tool("print_config")
     with pytest.raises(ConfigError, match="unknown config key 'toy_s_backbone'"):
         tool.main([str(path)])
-    register(TOY)
+    load_toy()  # registers the toy family
     try:
         text = tool.main([str(path)])
     finally:
-        unregister(TOY.name)
+        unregister("toy")
     cfg = Config.fromstring(text, ".py")
     assert cfg.model.backbone.type == "ToyNet" and cfg.toy_backbone_keys == {"stem": {"decay_mult": 0.0}}
 

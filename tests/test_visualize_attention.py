@@ -24,7 +24,7 @@ from backbones.models.attention_maps import (
 )
 from tasks.figures.errors import FigureError
 from tests._tools import DET_CFG, FAMILY_DATA, SEG_CFG, load_tool
-from tests.test_family_registry import TOY
+from tests.test_family_registry import load_toy
 
 # The models: each family's 'shrunk' preset. 100 x 140 input: stage maps 25x35, 13x18, 7x9, 4x5, none a multiple
 # of its super-token / window size, so the records include padded super-token cells and partial border windows.
@@ -334,18 +334,22 @@ def test_tool_refuses_a_checkpoint_of_the_other_family(picture, tmp_path):
         viz_tool.main([DET_CFG, _checkpoint(tmp_path, "hatnet", "mm"), picture, "--out-dir", str(tmp_path)])
 
 
-# ---- a family the figures know nothing of: tests/test_family_registry.py's toy (picture None) ------------------
+# ---- a family the figures know nothing of: tests/data/toy.py's (picture None) ------------------
 TOY_CFG = f"""_base_ = [{DET_CFG!r}]
 toy_s_backbone = dict(type="ToyNet", arch="one", init_cfg=None)
 model = dict(backbone=dict(_delete_=True, **toy_s_backbone), neck=dict(in_channels=[8, 16, 32, 64]))
 """
 
 
-def _toy_run(tmp_path, family):
-    """The toy config and an export of a toy backbone of ``family`` (registered for the test)."""
+def _toy_run(tmp_path, probes=None):
+    """The toy config and an export of a toy backbone; the toy family registered (with other ``probes``: their
+    records) until the caller unregisters it."""
     from backbones.checkpoints.export import save_backbone
 
-    register(family)
+    family = load_toy().FAMILY  # loading tests/data/toy.py registers it
+    if probes is not None:
+        unregister(family.name)
+        family = register(Family(**{**family.__dict__, "probes": probes}))
     torch.manual_seed(0)
     model = family.cls("one")
     save_backbone(model.state_dict(), model, tmp_path / "toy.pth")
@@ -355,12 +359,12 @@ def _toy_run(tmp_path, family):
 
 def test_a_family_of_another_record_kind_gets_the_maps_its_records_hold(picture, tmp_path):
     try:
-        cfg, ckpt = _toy_run(tmp_path, TOY)
+        cfg, ckpt = _toy_run(tmp_path)
         written = viz_tool.main([cfg, ckpt, picture, "--out-dir", str(tmp_path / "out"), "--stages", "1", "2"])
         with pytest.raises(FigureError, match="--stoken picks the super token .* the Toy picture has none"):
             viz_tool.main([cfg, ckpt, picture, "--out-dir", str(tmp_path / "b"), "--stoken", "0"])
     finally:
-        unregister(TOY.name)
+        unregister("toy")
     assert written == [str(tmp_path / "out" / "shapes_toy_maps.png")]
     png = _png(written[0])
     # one row (the record's 'weights' map) of two stages, each panel at least the image's size
@@ -370,14 +374,14 @@ def test_a_family_of_another_record_kind_gets_the_maps_its_records_hold(picture,
 def test_records_without_a_map_are_refused_in_plain_words(picture, tmp_path, monkeypatch):
     totals = {"weights": lambda m, shape, probs: dict(kind="toy", total=probs.sum(-1), size=tuple(shape[-2:]))}
     try:
-        cfg, ckpt = _toy_run(tmp_path, Family(**{**TOY.__dict__, "probes": totals}))
+        cfg, ckpt = _toy_run(tmp_path, totals)
         monkeypatch.setattr(
             "sys.argv", ["visualize_attention.py", cfg, ckpt, picture, "--out-dir", str(tmp_path / "o")]
         )
         with pytest.raises(SystemExit) as exit_:
             viz_tool.main()  # as on the command line: the message and exit status 1, no traceback
     finally:
-        unregister(TOY.name)
+        unregister("toy")
     assert str(exit_.value).startswith("error: the Toy backbone's attention records (kind toy: kind, size, total)")
     assert "hold no map over a stage's positions" in str(exit_.value)
     assert not os.listdir(tmp_path / "o")
