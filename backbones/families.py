@@ -75,6 +75,21 @@ class Classifier:
 
 
 @dataclass(frozen=True)
+class PaperFigures:
+    """A released variant as its paper reports it: the classification model (head included) at 224x224.
+
+    Args:
+        params_m: parameters in millions.
+        gmacs: multiply-adds of one image, in billions.
+        images_per_s: inference throughput on the paper's GPU (None: the paper gives none).
+    """
+
+    params_m: float
+    gmacs: float
+    images_per_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Family:
     """What the project asks of a backbone family.
 
@@ -104,6 +119,12 @@ class Family:
             the backbone leaves out (``perf.backbone.variants``); None: no head.
         classifier: the official classification model (its head, weights, preprocessing) for the family's timm
             models; None: no timm models.
+        report_variant: the variant that the measuring reports (``tools/benchmark.py``'s tables,
+            ``tools/gpu_report.py``) give a row; '': the first of ``released`` (``'shrunk'`` when none is).
+        settings: named settings of its ``options`` that the reports measure beside the preset, each a row of its
+            own ({``'dense'``: {``'stoken_size'``: (8, 4, 2, 1)}}: the row "STViT-S dense"); an option must be a
+            field of ``perf.models.Setting``.
+        paper: {released variant: its paper's figures} (``perf.backbone.variants``); a variant left out has none.
     """
 
     name: str
@@ -124,6 +145,13 @@ class Family:
     options: frozenset[str] = field(default_factory=frozenset)
     head_cost: Callable[[int], tuple[int, int]] | None = None
     classifier: Classifier | None = None
+    report_variant: str = ""
+    settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    paper: Mapping[str, PaperFigures] = field(default_factory=dict)
+
+    def measured_variant(self) -> str:
+        """The variant the reports measure: ``report_variant``, else the first released one, else ``'shrunk'``."""
+        return self.report_variant or (self.released[0] if self.released else "shrunk")
 
 
 FAMILIES: dict[str, Family] = {}

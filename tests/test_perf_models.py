@@ -2,13 +2,18 @@
 (mmdet on the test machine, timm or torchvision on a GPU machine without mm packages): the sources must be the
 same architecture, or the reports' "vs Swin-T" columns would compare different baselines."""
 
+import ast
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
+from backbones import FAMILIES
 from perf.models import NAMES, PlainPath, build, swin_t
 from perf.timing import make_step, throughput, time_models, time_phases
+
+from ._tools import REPO
 
 
 @pytest.mark.parametrize("shrunk", [True, False])
@@ -82,3 +87,19 @@ def test_unknown_names_are_refused_with_the_choices():
         build("swin-b")
     with pytest.raises(ValueError, match="Swin-T source 'keras'"):
         swin_t(source="keras")
+
+
+def test_named_settings_are_the_configs_variables():
+    # one value: a family's named setting is what its configs write as `<setting>_<option>` (STViT's "dense" rows
+    # measure the COCO configs' dense_stoken_size); the reports read it from the record, the configs from themselves
+    found = []
+    for family in FAMILIES.values():
+        for setting, options in family.settings.items():
+            for option, value in options.items():
+                name = f"{setting}_{option}"
+                for path in sorted(Path(REPO, "configs").rglob("*.py")):
+                    for node in ast.parse(path.read_text()).body:
+                        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+                            assert list(ast.literal_eval(node.value)) == list(value), (path, name)
+                            found.append(path.name)
+    assert "mask-rcnn_stvit-s_fpn_1x_coco.py" in found

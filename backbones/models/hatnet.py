@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..families import Classifier, Family, OfficialCode, register
+from ..families import Classifier, Family, OfficialCode, PaperFigures, register
 from ..ops import table as ops
 from .attention_maps import global_record, window_record
 from .base import (
@@ -361,5 +361,12 @@ FAMILY = register(
             origin_url="https://github.com/yun-liu/HAT-Net",
             paper_ids="arXiv:2106.03180",
         ),
+        report_variant="small",
+        paper={  # arXiv:2106.03180: parameters and GMACs of the classification models
+            "tiny": PaperFigures(12.7, 2.0),
+            "small": PaperFigures(25.7, 4.3),
+            "medium": PaperFigures(42.9, 8.3),
+            "large": PaperFigures(63.1, 11.5),
+        },
     )
 )

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..families import Classifier, Family, OfficialCode, register
+from ..families import Classifier, Family, OfficialCode, PaperFigures, register
 from ..ops import table as ops
 from .attention_maps import stoken_record
 from .base import (
@@ -490,5 +490,13 @@ FAMILY = register(
             origin_url="https://github.com/hhb072/STViT",
             paper_ids="arXiv:2211.11167",
         ),
+        report_variant="small",
+        # the COCO configs' super-token sizes (their `dense_stoken_size`; tests/test_perf_models.py keeps them equal)
+        settings={"dense": {"stoken_size": (8, 4, 2, 1)}},
+        paper={  # arXiv:2211.11167; throughput in images/s on the paper's GPU
+            "small": PaperFigures(25, 4.4, 677),
+            "base": PaperFigures(52, 9.9, 361),
+            "large": PaperFigures(95, 15.6, 269),
+        },
     )
 )
