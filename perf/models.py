@@ -7,21 +7,18 @@ package (tools/gpu_report.py runs on a machine that has none).
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from backbones import FAMILIES, create, fast_paths, load_pretrained
+from backbones import create, fast_paths, load_pretrained
 from backbones.families import get
 
-__all__ = ["FAMILIES", "NAMES", "Setting", "build", "model_for", "model_and_input", "ours_and_official"]
+__all__ = ["NAMES", "Setting", "build", "model_for", "model_and_input", "ours_and_official"]
 BASELINES = ("reference", "swin-t", "resnet50")
 NAMES = ("ours", "official", *BASELINES)
-COCO_CONFIG = Path(__file__).resolve().parents[1] / "configs/stvit/mask-rcnn_stvit-s_fpn_1x_coco.py"
 
 
 class PlainPath(nn.Module):
@@ -45,7 +42,7 @@ class PlainPath(nn.Module):
 def build(
     name: str,
     family: str = "stvit",
-    arch="small",
+    arch=None,
     stoken_size=None,
     with_cp: bool = False,
     size=None,
@@ -57,14 +54,17 @@ def build(
         name: ``ours``, ``reference`` (ours on its plain path), ``official`` (the official classification
             model's stages), ``swin-t`` or ``resnet50``.
         family: a registered family (``backbones.FAMILIES``: ``stvit``, ``hatnet``) (ours, reference, official).
-        arch: a preset name, an arch dict, or ``'shrunk'`` (the backbones' CPU-test preset); Swin-T is shrunk alike with
-            ``'shrunk'``, ResNet-50 is always the full model.
+        arch: a preset name, an arch dict, or ``'shrunk'`` (the backbones' CPU-test preset); None: the family's
+            measured variant (``Family.measured_variant``). Swin-T is shrunk alike with ``'shrunk'``, ResNet-50 is
+            always the full model.
         stoken_size: STViT super-token sizes per stage (None: the preset's).
         with_cp: activation checkpointing (ours, reference, mmdet's Swin-T and ResNet-50).
         size: (H, W) of the input: timm's Swin-T is built for it.
         official: for ``official``: the module that ``perf.official.load_official`` returned.
     """
     torch.manual_seed(0)
+    if arch is None and name in ("ours", "reference", "official"):
+        arch = get(family).measured_variant()
     if name in ("ours", "reference"):
         # the family's own options (STViT's stoken_size) reach only a family that has them
         kwargs = dict(stoken_size=stoken_size) if stoken_size and "stoken_size" in get(family).options else {}
@@ -95,8 +95,9 @@ class Setting:
     """One measurement: which model, on which input, how it is timed (the benchmark tools' common options).
 
     Args:
-        family: ``stvit`` or ``hatnet``.
-        arch: a preset of ``family``, an arch dict, or ``'shrunk'`` (the backbones' CPU-test preset).
+        family: a registered family.
+        arch: a preset of ``family``, an arch dict, or ``'shrunk'`` (the backbones' CPU-test preset); None: the
+            family's measured variant (``Family.measured_variant``).
         size: (H, W) of the input.
         batch: images per iteration.
         mode: ``train`` (forward + backward) or ``infer``.
@@ -112,7 +113,7 @@ class Setting:
     """
 
     family: str = "stvit"
-    arch: str | dict = "small"
+    arch: str | dict | None = None
     size: tuple = (448, 672)
     batch: int = 1
     mode: str = "train"
@@ -152,30 +153,23 @@ def model_and_input(name: str, s: Setting):
     return model, torch.randn(s.batch, 3, *s.size, device=s.device)
 
 
-def ours_and_official(module, family: str, arch: str = "small", stoken_size=None) -> tuple[nn.Module, nn.Module]:
+def ours_and_official(module, family: str, arch: str | None = None, stoken_size=None) -> tuple[nn.Module, nn.Module]:
     """(ours, official): the official model (``perf.official.OfficialStages``) and our backbone carrying its
     weights, loaded by ``backbones.load_pretrained`` exactly as a released checkpoint is.
 
     Args:
         module: the official model file, as ``perf.official.load_official`` returned it.
         family: the family of that file.
-        arch: the variant of both.
+        arch: the variant of both (None: the family's measured variant).
         stoken_size: STViT super-token sizes per stage (None: the preset's).
     """
     from .official import build_official
 
+    arch = arch or get(family).measured_variant()
     official = build_official(module, family, arch, stoken_size)
     ours = build("ours", family, arch, stoken_size)
     load_pretrained(ours, official.model.state_dict())
     return ours, official
-
-
-def dense_stoken_size(config=COCO_CONFIG) -> list[int]:
-    """``dense_stoken_size`` of the COCO config, read as a literal (mmengine is not needed to read it)."""
-    for node in ast.parse(Path(config).read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "dense_stoken_size" for t in node.targets):
-            return list(ast.literal_eval(node.value))
-    raise SystemExit(f"{config} has no `dense_stoken_size = [...]`; the dense STViT rows read it from there")
 
 
 # ---- Swin-T: mmdet's, else timm's, else torchvision's (the same architecture) ----------------------------

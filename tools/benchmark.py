@@ -27,14 +27,16 @@ import argparse
 
 import torch
 
+from backbones import FAMILIES
 from backbones.checkpoints.atomic import write_json
 from perf.backbone.scaling import SCALING_SIZES, scaling, scaling_plot, scaling_tables
 from perf.backbone.speed import rows_text, run, speed_table
 from perf.backbone.variants import throughput_table, variants_table
-from perf.models import BASELINES, FAMILIES, Setting
+from perf.models import BASELINES, Setting
 from perf.whole_model.bench import benchmark as whole_model
 from perf.whole_model.table import table as whole_model_table
 from tasks.config.load import add_cfg_options
+from tasks.runtime.cli import command_line
 
 
 def hxw(text: str) -> tuple[int, int]:
@@ -51,7 +53,11 @@ def hxw(text: str) -> tuple[int, int]:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES), default="stvit")
-    p.add_argument("--arch", default="small", help="a preset of --family ('shrunk': the CPU-test archs)")
+    p.add_argument(
+        "--arch",
+        help="a preset of --family ('shrunk': the CPU-test archs; default: the variant its record measures, "
+        "small for STViT and HAT-Net); with --scaling, every family's (--table: the measured variants)",
+    )
     p.add_argument("--size", type=hxw, help="HxW (default 448x672; 224x224 with --throughput)")
     p.add_argument("--batch", type=int, help="default 1; 64 with --throughput")
     p.add_argument("--mode", choices=["train", "infer"], default="train")
@@ -84,21 +90,22 @@ def parse_args(argv=None):
     p.add_argument(
         "--table",
         action="store_true",
-        help="the benchmark logs' speed table: STViT-S (default and dense stoken sizes) and HAT-Net-S at "
-        "448x672 and 800x1344, train, vs reference / Swin-T / ResNet-50, with peak memory",
+        help="the benchmark logs' speed table: every registered family's measured variant and named settings "
+        "(STViT-S, STViT-S dense, HAT-Net-S) at 448x672 and 800x1344, train, vs reference / Swin-T / ResNet-50, "
+        "with peak memory",
     )
     p.add_argument(
         "--throughput",
         action="store_true",
         help="images/s of every released variant of --family in inference (224x224, batch 64 by "
-        "default), next to the STViT paper's figures; e.g. --device cuda --precision bf16",
+        "default), next to its paper's figures; e.g. --device cuda --precision bf16",
     )
     p.add_argument(
         "--scaling",
         action="store_true",
-        help="train-step time and peak memory against the input size (--sizes) for STViT-S (preset and "
-        "dense), HAT-Net-S, mmdet's Swin-T and the reference implementation, one round-robin run "
-        "per size; a table, and with --plot a log-log figure",
+        help="train-step time and peak memory against the input size (--sizes) for the --table rows, mmdet's "
+        "Swin-T and each family's reference implementation, one round-robin run per size; a table, and with "
+        "--plot a log-log figure",
     )
     p.add_argument(
         "--sizes",
@@ -108,12 +115,6 @@ def parse_args(argv=None):
         + ")",
     )
     p.add_argument("--plot", help="--scaling: write the log-log plot to this PNG")
-    p.add_argument(
-        "--dense-stoken-size",
-        type=lambda s: [int(v) for v in s.split(",")],
-        default=[8, 4, 2, 1],
-        help="STViT super-token sizes of the table's and --scaling's dense rows (default 8,4,2,1)",
-    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's default)")
     p.add_argument("--config", help="time this config's whole detector / segmentor (--size: default its test scale)")
     p.add_argument(
@@ -145,6 +146,7 @@ def parse_args(argv=None):
     return args
 
 
+@command_line
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads or max(1, torch.get_num_threads()))
@@ -159,17 +161,17 @@ def main(argv=None):
     elif args.variants:
         print(variants_table())
     elif args.table:
-        table, rows = speed_table(setting, args.dense_stoken_size, memory)
+        table, rows = speed_table(setting, memory)
         print(table)
     elif args.throughput:
         print(throughput_table(setting))
     elif args.scaling:
-        rows = scaling(setting, args.sizes, args.dense_stoken_size, memory)
+        rows = scaling(setting, args.sizes, memory)
         print(scaling_tables(rows))
         if args.plot:
             title = (
                 f"train step, batch {args.batch}, {args.precision}, {torch.get_num_threads()} threads, "
-                f"{args.device}; ours / reference arch {args.arch}"
+                f"{args.device}; ours / reference arch {args.arch or 'as measured'}"
             )
             scaling_plot(rows, args.plot, title)
             print(f"wrote {args.plot}")

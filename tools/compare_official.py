@@ -29,7 +29,7 @@ from perf.official import REPOS
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--official", required=True, help=f"the model file of {REPOS}")
-    p.add_argument("--arch", default="small")
+    p.add_argument("--arch", help="a variant of the file's family (default: the one its record measures)")
     p.add_argument("--size", default="448x672", type=lambda s: tuple(int(v) for v in s.lower().split("x")))
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--mode", choices=["train", "infer"], default="train")

@@ -3,21 +3,24 @@
 Markdown report (written to --out and printed).
 
   PYTHONPATH=. python tools/gpu_report.py --device cuda --out gpu_report.md \\
-      [--official-stvit STViT/models/stvit.py] [--official-hatnet HAT-Net/HAT_Net.py]
+      [--official STViT/models/stvit.py] [--official HAT-Net/HAT_Net.py]
   python tools/gpu_report.py --device cpu --quick --out report.md   # smoke run: small sizes, few iterations
 
 It needs only torch, ``backbones``, ``perf`` and (for Swin-T) mmdet, timm or torchvision: no mmengine / mmcv /
 mmdet / mmseg is required, so it runs on a machine that has PyTorch and nothing of this project installed
 (``PYTHONPATH=.`` in the checkout, as above). The official model files (hhb072/STViT ``models/stvit.py``,
-yun-liu/HAT-Net ``HAT_Net.py``) are optional; they are loaded by ``perf/official.py``, as for
-``tools/compare_official.py``. The run is ``perf/gpu/report.py``'s, the measuring ``perf/gpu/sections.py``'s.
+yun-liu/HAT-Net ``HAT_Net.py``) are optional, one ``--official`` each; ``perf/official.py`` loads them and tells
+the family from the file, as for ``tools/compare_official.py``. The run is ``perf/gpu/report.py``'s, the
+measuring ``perf/gpu/sections.py``'s.
 
-Sections (rows for STViT-S in its preset and the COCO configs' dense setting, HAT-Net-S, the official models
-when given, and Swin-T):
+Sections (a row for each registered family's measured variant and each of its named settings, from the family
+registry: STViT-S in its preset and the COCO configs' dense setting, HAT-Net-S; the official models when given;
+Swin-T):
 - exactness: fp32 stage outputs (TF32 off) on --device against our CPU fast paths, against the plain
   formulation (explicit N x N attention) on --device, and against the official code on --device;
 - training step: forward + backward of the four stage outputs, bf16 / fp16 (GradScaler) / fp32 autocast;
-- throughput: inference images/s as the STViT paper's ``throughput()`` measures it, fp32 and bf16;
+- throughput: inference images/s as the STViT paper's ``throughput()`` measures it, fp32 and bf16, of every
+  released variant;
 - torch.compile: the bf16 training step compiled against eager, with the compile time (one child process
   per model, so a compiler crash or hang costs that row only).
 
@@ -35,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from backbones import FAMILIES
 from perf.gpu.report import SECTIONS, gpu_report
 from perf.official import REPOS
 
@@ -43,8 +47,17 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--quick", action="store_true", help="small sizes, few iterations, small variants (CPU smoke run)")
-    p.add_argument("--official-stvit", help="hhb072/STViT's models/stvit.py (optional)")
-    p.add_argument("--official-hatnet", help="yun-liu/HAT-Net's HAT_Net.py (optional)")
+    p.add_argument(
+        "--official",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help=f"an official model file ({REPOS}); repeat it for each family (optional)",
+    )
+    p.add_argument(
+        "--families",
+        help=f"comma-separated registered families whose rows to measure (default: all, {','.join(FAMILIES)})",
+    )
     p.add_argument("--out", help="write the Markdown report here too (it is always printed)")
     p.add_argument(
         "--budget-s",
@@ -68,10 +81,13 @@ def parse_args(argv=None):
         p.error(f"unknown --sections {sorted(unknown)}; choose from exactness,training,throughput,compile")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device here; use --device cpu (with --quick for a smoke run)")
-    for flag in ("official_stvit", "official_hatnet"):
-        path = getattr(args, flag)
-        if path and not Path(path).is_file():
-            p.error(f"--{flag.replace('_', '-')} {path}: no such file (clone {REPOS}, pass that file)")
+    args.families = args.families.split(",") if args.families else None
+    unknown = set(args.families or ()) - set(FAMILIES)
+    if unknown:
+        p.error(f"unknown --families {sorted(unknown)}; registered: {','.join(FAMILIES)}")
+    for path in args.official:
+        if not Path(path).is_file():
+            p.error(f"--official {path}: no such file (clone {REPOS}, pass that file)")
     return args
 
 
@@ -87,8 +103,8 @@ def main(argv=None) -> int:
             args.quick,
             args.budget_s,
             args.threads,
-            args.official_stvit,
-            args.official_hatnet,
+            args.official,
+            args.families,
             args.out,
         )
     )

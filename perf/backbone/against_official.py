@@ -21,7 +21,8 @@ def compare_official(args) -> dict:
     module, family = load_official(args.official)
     if args.stoken_size and "stoken_size" not in get(family).options:
         raise SystemExit(f"--stoken-size sets STViT's super-token sizes; the official file is {get(family).title}'s")
-    ours, official = (m.to(args.device) for m in ours_and_official(module, family, args.arch, args.stoken_size))
+    arch = args.arch or get(family).measured_variant()
+    ours, official = (m.to(args.device) for m in ours_and_official(module, family, arch, args.stoken_size))
     torch.manual_seed(1)
     x = torch.randn(args.batch, 3, *args.size, device=args.device)
     with torch.no_grad():
@@ -38,7 +39,7 @@ def compare_official(args) -> dict:
     del official, ours, models
     result = dict(
         family=family,
-        arch=args.arch,
+        arch=arch,
         size=f"{args.size[0]}x{args.size[1]}",
         batch=args.batch,
         mode=args.mode,
@@ -51,7 +52,7 @@ def compare_official(args) -> dict:
         speedup=times["official"] / times["ours"],
     )
     if not args.no_memory:
-        setting = Setting.of(args, family=family)
+        setting = Setting.of(args, family=family, arch=arch)
         result["official_peak_gib"] = peak_memory_gib("official", setting)
         result["ours_peak_gib"] = peak_memory_gib("ours", setting)
     return result

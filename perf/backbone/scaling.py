@@ -1,5 +1,6 @@
-"""Cost against input size: train-step seconds and peak memory of ours, the dense STViT, Swin-T and the
-reference implementation at several sizes, as tables and a log-log figure."""
+"""Cost against input size: train-step seconds and peak memory of ours (every registered family's measured
+variant and named settings, ``perf.lineup``), Swin-T and the reference implementation at several sizes, as tables
+and a log-log figure."""
 
 from __future__ import annotations
 
@@ -9,40 +10,45 @@ import sys
 
 import torch
 
+from ..lineup import entries
 from ..memory import peak_memory_gib
 from ..models import Setting, model_for
 from ..report import save_figure
 from ..timing import time_models
 from .speed import runnable
 
-# (label, build name, family, dense stoken sizes?). The reference STViT-S keeps the preset's global attention in
-# stage 3 as explicit N x N matrices: the quadratic curve next to ours.
-SCALING_MODELS = (
-    ("STViT-S", "ours", "stvit", False),
-    ("STViT-S dense", "ours", "stvit", True),
-    ("HAT-Net-S", "ours", "hatnet", False),
-    ("Swin-T (mmdet)", "swin-t", "stvit", False),
-    ("reference STViT-S", "reference", "stvit", False),
-    ("reference HAT-Net-S", "reference", "hatnet", False),
-)
 SCALING_SIZES = ((224, 224), (448, 448), (448, 672), (640, 960), (800, 1344))
 
 
-def scaling(s: Setting, sizes, dense_stoken_size, memory: bool = True) -> list[dict]:
-    """Train-step seconds and peak memory of ``SCALING_MODELS`` at every size of ``sizes`` (batch ``s.batch``,
-    ``s.arch`` for ours and the references): the models of one size are timed round-robin in this process; a
-    model that cannot run at a size gets a row with its reason instead of numbers."""
+def scaling_models(arch: str | None = None) -> list[tuple[str, str, dict]]:
+    """(label, build name, ``Setting`` fields) of every curve: ours (``perf.lineup.entries``), mmdet's Swin-T,
+    then each family's reference (ours on its plain path). The reference STViT-S keeps the preset's global
+    attention in stage 3 as explicit N x N matrices: the quadratic curve next to ours. ``arch`` (None: each
+    family's measured variant) replaces the variant of ours and the references, and is added to their labels."""
+    ours = entries()
+    models = []
+    for impl, rows in (("ours", ours), ("reference", [e for e in ours if not e.setting])):
+        for e in rows:
+            changes = dict(e.changes(), arch=arch or e.arch)
+            label = " ".join(filter(None, ("reference" if impl == "reference" else "", e.label)))
+            models.append((label + (f" [{arch}]" if arch not in (None, e.arch) else ""), impl, changes))
+        if impl == "ours":
+            models.append(("Swin-T (mmdet)", "swin-t", dict(family=ours[0].family)))
+    return models
+
+
+def scaling(s: Setting, sizes, memory: bool = True) -> list[dict]:
+    """Train-step seconds and peak memory of ``scaling_models(s.arch)`` at every size of ``sizes`` (batch
+    ``s.batch``): the models of one size are timed round-robin in this process; a model that cannot run at a size
+    gets a row with its reason instead of numbers."""
+    curves = scaling_models(s.arch)
     rows = []
     for size in sizes:
         settings, models, by_label = {}, {}, {}
         torch.manual_seed(1)
         x = torch.randn(s.batch, 3, *size, device=s.device)
-        for label, name, family, dense in SCALING_MODELS:
-            if s.arch != "small" and name != "swin-t":
-                label += f" [{s.arch}]"
-            a = dataclasses.replace(
-                s, size=size, family=family, mode="train", stoken_size=dense_stoken_size if dense else None
-            )
+        for label, name, changes in curves:
+            a = dataclasses.replace(s, **{"size": size, "mode": "train", "stoken_size": None, **changes})
             row = dict(
                 model=label,
                 impl=name,
@@ -66,7 +72,7 @@ def scaling(s: Setting, sizes, dense_stoken_size, memory: bool = True) -> list[d
         for label in timed:
             if memory:
                 by_label[label]["peak_gib"] = peak_memory_gib(*settings[label])
-        for row in rows[-len(SCALING_MODELS) :]:  # a run cut short still leaves the sizes done in its log
+        for row in rows[-len(curves) :]:  # a run cut short still leaves the sizes done in its log
             print(f"note: {json.dumps(row)}", file=sys.stderr, flush=True)
     return rows
 
@@ -88,7 +94,7 @@ def scaling_tables(rows) -> str:
 
 def scaling_plot(rows, path, title=""):
     """Log-log plot of seconds and peak memory against pixels, one line per model, with dotted slopes 1 and 2
-    (cost proportional to the pixels and to their square) through STViT-S's smallest point, written to
+    (cost proportional to the pixels and to their square) through the first model's smallest point, written to
     ``path`` (PNG). Returns the figure."""
     import matplotlib
 

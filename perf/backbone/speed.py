@@ -12,12 +12,10 @@ import torch
 from backbones.families import get
 
 from ..flops import count_gmacs
+from ..lineup import entries
 from ..memory import peak_memory_gib
 from ..models import BASELINES, Setting, model_and_input, model_for
 from ..timing import compiled, time_models, time_phases
-
-# The speed table's rows: (family, super-token sizes: None = the preset's, "dense" = the dense-prediction ones).
-TABLE_CONFIGS = (("stvit", None), ("stvit", "dense"), ("hatnet", None))
 
 
 def runnable(models: dict, x, failed: dict, size) -> dict:
@@ -68,7 +66,7 @@ def run(s: Setting, compare: bool = False, memory: bool = True) -> list[dict]:
         dict(
             model=name,
             family=s.family if name in ("ours", "reference") else name,
-            arch=s.arch,
+            arch=s.arch or get(s.family).measured_variant(),
             size=f"{h}x{w}",
             batch=s.batch,
             mode=s.mode,
@@ -93,9 +91,9 @@ def run(s: Setting, compare: bool = False, memory: bool = True) -> list[dict]:
     return rows
 
 
-def speed_table(s: Setting, dense_stoken_size, memory: bool = True) -> tuple[str, list[dict]]:
-    """(Markdown table, its rows): every ``TABLE_CONFIGS`` row at 448x672 and 800x1344, train mode, ``arch``
-    small, against every baseline, with peak memory; ``dense_stoken_size`` for the dense rows."""
+def speed_table(s: Setting, memory: bool = True) -> tuple[str, list[dict]]:
+    """(Markdown table, its rows): every row of ``perf.lineup.entries`` (each family's measured variant, and its
+    named settings) at 448x672 and 800x1344, train mode, against every baseline, with peak memory."""
     lines = [
         "| backbone | input | s/iter | vs reference | vs Swin-T | vs ResNet-50 | peak GiB (ref / Swin-T / R50) "
         "| GMACs |",
@@ -104,16 +102,13 @@ def speed_table(s: Setting, dense_stoken_size, memory: bool = True) -> tuple[str
     fmt = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
     all_rows = []
     for size in ((448, 672), (800, 1344)):
-        for family, stoken in TABLE_CONFIGS:
-            stoken_size = dense_stoken_size if stoken == "dense" else None
-            a = dataclasses.replace(s, family=family, arch="small", size=size, mode="train", stoken_size=stoken_size)
+        for entry in entries():
+            a = dataclasses.replace(s, **{"size": size, "mode": "train", "stoken_size": None, **entry.changes()})
             rows = run(a, compare=True, memory=memory)
             all_rows += rows
             by = {r["model"]: r for r in rows}
             ours = by["ours"]
-            name = f"{get(family).title}-S"
-            if stoken == "dense":
-                name += f" stoken {','.join(map(str, stoken_size))}"
+            name = " ".join(filter(None, (entry.label, entry.values())))
             peaks = " / ".join(f"{by[k]['peak_gib']:.2f}" if k in by else "n/a" for k in BASELINES)
             lines.append(
                 f"| {name} | {size[0]}x{size[1]} | {ours['seconds']:.2f} "

@@ -33,10 +33,10 @@ def device_name(device) -> str:
 
 def render(ctx: dict, sections: dict) -> str:
     """The Markdown report of the sections measured so far (``ctx``: plan, device, quick, budget, notes, command,
-    date, swin_source, finished)."""
+    date, swin_source, families (their titles, for the heading), finished)."""
     plan, device = ctx["plan"], ctx["device"]
     out = [
-        "# GPU report: STViT and HAT-Net backbones",
+        f"# GPU report: {ctx['families']} backbones",
         "",
         f"- date: {ctx['date']}",
         f"- device: {device_name(device)}",

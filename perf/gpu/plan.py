@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 import torch
 
-from backbones import FAMILIES
+from backbones.families import get
 
-from ..backbone.variants import PAPER
-from ..models import build, dense_stoken_size, ours_and_official
+from ..lineup import Entry, entries
+from ..models import build, ours_and_official
 from ..official import load_official
 from ..report import Failure
 from .markdown import EXACT_TOLERANCE, device_name, render, tf32_state
@@ -23,7 +23,6 @@ from .markdown import EXACT_TOLERANCE, device_name, render, tf32_state
 __all__ = [
     "EXACT_TOLERANCE",
     "FULL",
-    "MODEL_NAMES",
     "QUICK",
     "Budget",
     "Models",
@@ -47,9 +46,8 @@ class Plan(NamedTuple):
     tp_batch: int
     tp_warmup: int
     tp_iters: int
-    variants: tuple  # (name, family, arch) of the throughput rows
-    shrunk: bool  # the 'shrunk' archs instead of the small variants (and a shrunk Swin-T)
-    compile_models: tuple
+    shrunk: bool  # the 'shrunk' archs instead of the measured variants (and a shrunk Swin-T)
+    compile_all: bool  # every model's torch.compile row, or only the first one's (Models.compile_keys)
     compile_backend: str
     compile_timeout_s: float
     budget_s: float
@@ -65,9 +63,8 @@ FULL = Plan(
     tp_batch=64,
     tp_warmup=50,
     tp_iters=30,
-    variants=tuple((f"{f}-{a}", f, a) for f, a in PAPER),
     shrunk=False,
-    compile_models=("stvit-s-dense", "hatnet-s", "stvit-s"),
+    compile_all=True,
     compile_backend="inductor",
     compile_timeout_s=200,
     budget_s=480,
@@ -87,9 +84,8 @@ QUICK = Plan(
     tp_batch=2,
     tp_warmup=1,
     tp_iters=2,
-    variants=tuple((f"{f}-shrunk", f, "shrunk") for f in ("stvit", "hatnet")),
     shrunk=True,
-    compile_models=("stvit-s-dense",),
+    compile_all=False,
     compile_backend="eager",
     compile_timeout_s=300,
     budget_s=110,
@@ -133,77 +129,88 @@ class Budget:
         print(f"[{self.elapsed():5.0f} s] {what}", file=sys.stderr, flush=True)
 
 
-MODEL_NAMES = {
-    "stvit-s": "STViT-S",
-    "stvit-s-dense": "STViT-S dense",
-    "hatnet-s": "HAT-Net-S",
-    "official-stvit-s": "official STViT-S",
-    "official-stvit-s-dense": "official STViT-S dense",
-    "official-hatnet-s": "official HAT-Net-S",
-    "swin-t": "Swin-T",
-}
-
-
 class Models:
-    """The report's models by key (``MODEL_NAMES``), built seeded on the CPU by ``perf.models.build``.
+    """The report's models by key: every row of ``perf.lineup.entries`` (``'stvit-s'``, ``'stvit-s-dense'``, ...),
+    the official model of each family whose file is given (``'official-stvit-s'``, ...) and ``'swin-t'``, built
+    seeded on the CPU by ``perf.models.build``.
 
     Args:
-        official_stvit: hhb072/STViT's ``models/stvit.py`` (None: no official STViT rows).
-        official_hatnet: yun-liu/HAT-Net's ``HAT_Net.py`` (None: no official HAT-Net rows).
-        shrunk: the 'shrunk' archs (and a shrunk Swin-T) instead of the small variants.
+        official: official model files, at most one per family (``perf.official.load_official`` tells whose).
+        shrunk: the 'shrunk' archs (and a shrunk Swin-T) instead of the measured variants.
+        families: the names of the families with rows (None: every registered one).
     """
 
-    def __init__(self, official_stvit=None, official_hatnet=None, shrunk=False):
-        self.dense, self.shrunk = dense_stoken_size(), shrunk
+    def __init__(self, official=(), shrunk=False, families=None):
+        self.shrunk = shrunk
+        self.entries = {e.key: e for e in entries(families)}
         self.official = {}
-        for path, family in ((official_stvit, "stvit"), (official_hatnet, "hatnet")):
-            if path:
-                module, found = load_official(path)
-                if found != family:
-                    raise SystemExit(f"--official-{family} {path} is the {found} model file; pass {family}'s")
-                self.official[family] = module
+        for path in official:
+            module, family = load_official(path)
+            if family in self.official:
+                raise SystemExit(f"--official {path}: another {get(family).title} model file; give one per family")
+            self.official[family] = module
 
-    def ours_keys(self):
-        return ["stvit-s", "stvit-s-dense", "hatnet-s"]
+    def ours_keys(self) -> list[str]:
+        return list(self.entries)
 
-    def keys(self):
+    def keys(self) -> list[str]:
         ours = self.ours_keys()
         official = [f"official-{key}" for key in ours if self.family(key) in self.official]
         return ours + official + ["swin-t"]
 
+    def entry(self, key) -> Entry:
+        return self.entries[key.removeprefix("official-")]
+
     def family(self, key) -> str:
-        return next(name for name in FAMILIES if name in key)  # a key names its family: 'official-stvit-s'
+        return self.entry(key).family
+
+    def variants(self) -> list[tuple]:
+        """(name, family, arch) of the throughput rows: every released variant of every family (its measured one
+        if none is released), or each family's shrunk arch."""
+        families = dict.fromkeys(e.family for e in self.entries.values())
+        if self.shrunk:
+            return [(f"{f}-shrunk", f, "shrunk") for f in families]
+        released = {f: get(f).released or (get(f).measured_variant(),) for f in families}
+        return [(f"{f}-{a}", f, a) for f in families for a in released[f]]
+
+    def compile_keys(self, every: bool) -> list[str]:
+        """The torch.compile rows (``every``: all of ours, else only the first): the named settings first (the
+        configs' own options), then the families without settings, then the presets of those with settings."""
+        ranked = self.ours_keys()
+        with_settings = {e.family for e in self.entries.values() if e.setting}
+        ranked.sort(key=lambda k: 0 if self.entry(k).setting else 2 if self.family(k) in with_settings else 1)
+        return ranked if every else ranked[:1]
 
     def shrunk_for(self, key) -> bool:
-        """Shrunk in --quick, except where the official model is given: its weights need the small variant."""
+        """Shrunk in --quick, except where the official model is given: its weights need the measured variant."""
         return (
             self.shrunk
             and not key.startswith("official")
             and (key == "swin-t" or self.family(key) not in self.official)
         )
 
-    def label(self, key):
-        name = MODEL_NAMES[key] + (" (shrunk)" if self.shrunk_for(key) else "")
-        return name + f" {','.join(map(str, self.dense))}" if key.endswith("dense") else name
-
-    def stoken(self, key):
-        return self.dense if key.endswith("dense") else None
+    def label(self, key) -> str:
+        if key == "swin-t":
+            return "Swin-T" + (" (shrunk)" if self.shrunk_for(key) else "")
+        e = self.entry(key)
+        name = ("official " if key.startswith("official-") else "") + e.label
+        return " ".join(filter(None, (name + (" (shrunk)" if self.shrunk_for(key) else ""), e.values())))
 
     def build(self, key, size=None, family_arch=None):
         """The model of ``key``, or with ``family_arch`` = (family, arch) that variant of ours."""
         if family_arch:
             return build("ours", *family_arch)
-        arch = "shrunk" if self.shrunk_for(key) else "small"
+        arch = "shrunk" if self.shrunk_for(key) else None
         if key == "swin-t":
             return build("swin-t", arch=arch, size=size)
-        family = self.family(key)
+        e = self.entry(key)
         if key.startswith("official-"):
-            return build("official", family, "small", self.stoken(key), official=self.official[family])
-        return build("ours", family, arch, self.stoken(key))
+            return build("official", e.family, e.arch, official=self.official[e.family], **e.kwargs())
+        return build("ours", e.family, arch or e.arch, **e.kwargs())
 
     def with_official_weights(self, key):
         """(ours, official or None): ours carries the official model's weights when the official file is given."""
-        family = self.family(key)
-        if family not in self.official:
+        e = self.entry(key)
+        if e.family not in self.official:
             return self.build(key), None
-        return ours_and_official(self.official[family], family, "small", self.stoken(key))
+        return ours_and_official(self.official[e.family], e.family, e.arch, **e.kwargs())

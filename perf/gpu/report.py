@@ -9,6 +9,7 @@ import torch
 
 from backbones.checkpoints.atomic import write_text
 
+from ..lineup import titles
 from ..models import swin_source
 from .plan import FULL, QUICK, Budget, Models, render
 from .sections import compile_section, exactness, throughput, training
@@ -23,8 +24,8 @@ def gpu_report(
     quick: bool = False,
     budget_s: float | None = None,
     threads: int | None = None,
-    official_stvit: str | None = None,
-    official_hatnet: str | None = None,
+    official: list[str] = (),
+    families: list[str] | None = None,
     out: str | None = None,
 ) -> str:
     """Measure ``sections`` (names of ``SECTIONS``) and return the report; ``command`` is the command line it
@@ -36,7 +37,7 @@ def gpu_report(
     threads = threads or (1 if quick and device.type == "cpu" else 0)
     if threads:
         torch.set_num_threads(threads)
-    models = Models(official_stvit, official_hatnet, plan.shrunk)
+    models = Models(official, plan.shrunk, families)
     budget = Budget(plan.budget_s)
     ctx = dict(
         plan=plan,
@@ -47,6 +48,7 @@ def gpu_report(
         command=command,
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         swin_source=swin_source(),
+        families=titles(families),
     )
     done = {}
     for name in sections:

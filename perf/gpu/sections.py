@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 
 from .. import timing
-from ..backbone.variants import PAPER_THROUGHPUT
+from ..backbone.variants import paper_throughput
 from ..child import run_module
 from ..models import PlainPath
 from ..official import max_relative_difference
@@ -153,8 +153,8 @@ def _training_row(model, plan, precision, device, notes, label) -> dict:
 
 
 def throughput(models: Models, plan: Plan, device, budget: Budget, notes: list) -> list[dict]:
-    entries = [(name, (family, arch)) for name, family, arch in plan.variants]
-    entries += [(k, None) for k in models.keys() if k.startswith("official") and not k.endswith("dense")]
+    entries = [(name, (family, arch)) for name, family, arch in models.variants()]
+    entries += [(k, None) for k in models.keys() if k.startswith("official") and not models.entry(k).setting]
     entries += [("swin-t", None)]
     rows = []
     saved = torch.backends.cudnn.benchmark
@@ -162,11 +162,7 @@ def throughput(models: Models, plan: Plan, device, budget: Budget, notes: list) 
     try:
         for key, family_arch in entries:
             row = dict(model=key if family_arch else models.label(key))
-            paper = (
-                PAPER_THROUGHPUT.get(family_arch)
-                if plan.tp_size == (224, 224) and family_arch and isinstance(family_arch[1], str)
-                else None
-            )
+            paper = paper_throughput(*family_arch) if plan.tp_size == (224, 224) and family_arch else None
             row["paper"] = float(paper) if paper else Failure("n/a")
             rows.append(row)
             model = None
@@ -199,10 +195,10 @@ def throughput(models: Models, plan: Plan, device, budget: Budget, notes: list) 
 
 
 def compile_section(models: Models, plan: Plan, device, budget: Budget, notes: list, threads: int = 0) -> list[dict]:
-    """One row per ``plan.compile_models`` key: eager and compiled bf16 training steps, measured by a child
+    """One row per ``models.compile_keys`` key: eager and compiled bf16 training steps, measured by a child
     process each (``python -m perf.gpu.sections``), so that a compiler crash or hang costs that row only."""
     rows = []
-    for key in plan.compile_models:
+    for key in models.compile_keys(plan.compile_all):
         row = dict(model=models.label(key))
         rows.append(row)
         timeout = min(plan.compile_timeout_s, budget.left())
