@@ -4,6 +4,7 @@ builder (perf.models, the official-code adapter included), the attention maps an
 other file knowing it."""
 
 import importlib.util
+import json
 import os.path as osp
 import re
 import types
@@ -20,9 +21,11 @@ from backbones.families import register, unregister
 from backbones.models.attention_maps import last_blocks, record_attention
 from perf.models import build, ours_and_official
 from perf.official import max_relative_difference
-from tests._tools import REPO
+from tests._tools import REPO, load_tool
+from tests.test_gpu_report import _tables
 
 TOY_FILE = osp.join(REPO, "tests", "data", "toy.py")  # the toy family: one file, as a contributor writes one
+EXACT = "Exactness (fp32, TF32 off, batch 1, evaluation mode)"
 
 
 def load_toy():
@@ -157,3 +160,35 @@ def test_loading_errors_name_every_registered_family(toy):
         load_pretrained(model, {"fc.weight": torch.zeros(1)})
     with pytest.raises(CheckpointError, match=re.escape(f"is not a {named} checkpoint")):
         load_pretrained(model, {"backbone.fc.weight": torch.zeros(1)})
+
+
+def test_the_measuring_tools_give_rows_to_a_family_with_only_its_record(toy, tmp_path, capsys):
+    # no official code, no named settings, no paper figures: rows for what it has, nothing invented
+    unregister("toy")
+    register(Family(**{**toy.FAMILY.__dict__, "official": None}))
+    threads = torch.get_num_threads()
+    try:
+        rows = tmp_path / "rows.json"
+        argv = ["--family", "toy", "--arch", "shrunk", "--size", "64x64", "--no-memory", "--repeat", "1"]
+        load_tool("benchmark").main([*argv, "--warmup", "0", "--threads", "1", "--json", str(rows)])
+        (row,) = json.loads(rows.read_text())
+        assert (row["model"], row["family"], row["arch"]) == ("ours", "toy", "shrunk") and row["seconds"] > 0
+        assert load_tool("benchmark").parse_args(["--family", "toy"]).arch is None  # the record's variant: 'one'
+
+        gpu_report, out = load_tool("gpu_report"), tmp_path / "report.md"
+        # every family's rows (none measured: the budget is spent at once), the toy's among them
+        assert gpu_report.main(["--device", "cpu", "--quick", "--budget-s", "0", "--sections", "exactness"]) == 0
+        assert ["Toy one (shrunk)"] * 3 == [r[0] for r in _tables(capsys.readouterr().out)[EXACT] if "Toy" in r[0]]
+        # the toy's rows measured (the training rows run the same code per model, at 6 s with Swin-T's: left out)
+        sections = "exactness,throughput"
+        argv = ["--device", "cpu", "--quick", "--families", "toy", "--sections", sections, "--out", str(out)]
+        assert gpu_report.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    report = out.read_text()
+    assert report.startswith("# GPU report: Toy backbones") and "## Errors" not in report, report
+    tables = {title.split(" (")[0]: rows for title, rows in _tables(report).items()}
+    assert [(r[0], r[4]) for r in tables["Exactness"]] == [("Toy one (shrunk)", "n/a: no official file given")] * 3
+    assert all(float(r[3]) < 1e-4 and r[5] == "ok" for r in tables["Exactness"])
+    assert [(r[0], r[3]) for r in tables["Throughput"]] == [("toy-shrunk", "n/a"), ("Swin-T (shrunk)", "n/a")]
+    assert all(float(r[1]) > 0 for r in tables["Throughput"])
