@@ -137,7 +137,6 @@ def test_toy_family_is_benchmarked(steps):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="the GPU report's rows are not yet made from the registry")
 def test_toy_family_is_in_the_gpu_report(steps):
     report = _ok(steps, "gpu_report")
     assert re.search(r"^\| Toy", report, re.M), report
