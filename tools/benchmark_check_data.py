@@ -22,8 +22,10 @@ import tempfile
 from pathlib import Path
 
 from perf.training.data_scan import make_coco_set, time_check_data
+from tasks.runtime.cli import command_line
 
 
+@command_line
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=int, default=3000)

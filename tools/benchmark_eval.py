@@ -21,6 +21,7 @@ import argparse
 
 from backbones.checkpoints.atomic import write_json
 from perf.coco import compare as coco_eval
+from tasks.runtime.cli import command_line
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,6 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@command_line
 def main(argv=None) -> dict:
     args = parse_args(argv)
     result = coco_eval.run(

@@ -25,6 +25,7 @@ import tempfile
 
 from perf.eval import path as eval_path
 from perf.eval import seg as eval_seg
+from tasks.runtime.cli import command_line
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -77,6 +78,7 @@ def print_runs(runs: list[dict]) -> None:
         print(f"{run.get('label', run['impl'])} metrics: {run.get('metrics')}")
 
 
+@command_line
 def main(argv=None) -> dict | list:
     args = parse_args(argv)
     work = args.work_dir or tempfile.mkdtemp(prefix="eval-path-")

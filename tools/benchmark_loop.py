@@ -23,6 +23,7 @@ import os.path as osp
 import tempfile
 
 from perf.training.loop import LOOPS, ROOT, compare, spread
+from tasks.runtime.cli import command_line
 
 DEMO_CFG = str(ROOT / "configs" / "demo" / "mask-rcnn_stvit-demo_fpn_tiny-coco.py")
 
@@ -71,6 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@command_line
 def main(argv=None) -> dict:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="benchmark_loop_") as tmp:

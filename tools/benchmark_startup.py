@@ -36,6 +36,7 @@ from pathlib import Path
 
 from perf.training import imports
 from perf.training.startup import PAPER_CFG, run_child, write_annotations
+from tasks.runtime.cli import command_line
 
 
 def spread(values: list[float]) -> str:
@@ -56,6 +57,7 @@ def compare_imports(baseline: Path, rounds: int) -> dict:
     return runs
 
 
+@command_line
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=3, help="rounds of (mmdet, project), default 3")
