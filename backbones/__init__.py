@@ -15,21 +15,19 @@ import importlib.util
 
 from . import timm_models
 from .checkpoints.pretrained import LoadReport, load_pretrained
-from .checkpoints.weights import CheckpointError, KeyReport, load_model_weights
+from .checkpoints.weights import KeyReport, load_model_weights
 from .families import FAMILIES, Family, OfficialCode, create, family_of, register
 
 # The families: importing a family's file registers it. A new family is its file in models/ and its line here.
 from .models.hatnet import HATNet
 from .models.stvit import STViT
-from .ops.switch import enabled as fast_paths_enabled
-from .ops.switch import fast_paths, set_fast_paths
+from .ops.switch import fast_paths, fast_paths_enabled, set_fast_paths
 
 __all__ = [
     "STViT",
     "HATNet",
     "load_pretrained",
     "LoadReport",
-    "CheckpointError",
     "KeyReport",
     "load_model_weights",
     "set_fast_paths",

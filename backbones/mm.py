@@ -26,7 +26,9 @@ from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 
-from .checkpoints.pretrained import CheckpointError, check_checkpoint_path, load_pretrained
+from .checkpoints.pretrained import load_pretrained
+from .checkpoints.weights import check_checkpoint_path
+from .errors import CheckpointError
 from .families import Family, on_register
 
 

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn as nn
 
-from .checkpoints.weights import CheckpointError, model_state_dict, read_checkpoint, state_dict_diff
+from .checkpoints.weights import model_state_dict, read_checkpoint, state_dict_diff
+from .errors import CheckpointError
 from .families import FAMILIES, Family, get, on_register
 from .models.base import NUM_STAGES
 from .models.heads import LinearHead

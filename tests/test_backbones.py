@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from backbones import FAMILIES, CheckpointError, HATNet, STViT, fast_paths, load_pretrained
+from backbones import FAMILIES, HATNet, STViT, fast_paths, load_pretrained
+from backbones.errors import CheckpointError
 from backbones.models.hatnet import Attention as HATAttention
 from tests._tools import FAMILY_DATA, SHRUNK, assert_close, official_file
 

@@ -12,9 +12,10 @@ import threading
 import pytest
 import torch
 
-from backbones import CheckpointError, load_model_weights
+from backbones import load_model_weights
 from backbones.checkpoints import download as dl
 from backbones.checkpoints.download import cache_path, fetch
+from backbones.errors import CheckpointError
 
 
 class _FlakyServer:

@@ -13,8 +13,9 @@ import torch
 import torch.nn as nn
 from mmengine.config import Config
 
-from backbones import FAMILIES, CheckpointError, HATNet, STViT, load_pretrained
+from backbones import FAMILIES, HATNet, STViT, load_pretrained
 from backbones.checkpoints.export import ExportError, read_export, tensor_sha256, verify_export
+from backbones.errors import CheckpointError
 from tasks.deploy.export import export_backbone
 from tests._tools import DET_CFG, FAMILY_DATA, GOLDEN_CASES, flat_metrics, load_tool
 

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 import backbones
-from backbones import FAMILIES, Family, create, family_of, load_pretrained
+from backbones import FAMILIES, Family, create, family_of, load_pretrained, register
 from backbones.checkpoints.export import ExportError, read_export, save_backbone, verify_export
 from backbones.errors import CheckpointError
-from backbones.families import register, unregister
+from backbones.families import unregister
 from backbones.models.attention_maps import last_blocks, record_attention
 from perf.models import build, ours_and_official
 from perf.official import max_relative_difference

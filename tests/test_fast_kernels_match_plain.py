@@ -11,6 +11,7 @@ from backbones.models.hatnet import InvertedResidual
 from backbones.models.stvit import Mlp
 from backbones.ops import kernels, table
 from backbones.ops.kernels import _MlpTail
+from backbones.ops.limits import Limits
 from tests._fast_vs_plain import outputs_and_grads
 from tests._tools import assert_close, grad_fns
 
@@ -198,7 +199,7 @@ def _check_onednn_attention(shape, chunked, limits):
 def test_attention_dispatch():
     from backbones.ops.attention_kernels import _onednn_kernel, _OneDnnAttention, _OneDnnChunkedAttention
 
-    limits = table.Limits(attention_min_keys=256)  # the default on CPUs with AVX-512
+    limits = Limits(attention_min_keys=256)  # the default on CPUs with AVX-512
     cpu = torch.zeros(1, 5, 1176, 64)
     assert _onednn_kernel(cpu, cpu, limits) is _OneDnnAttention
     assert _onednn_kernel(cpu[:, :, :100], cpu[:, :, :100], limits) is None  # few keys: SDPA
@@ -209,7 +210,7 @@ def test_attention_dispatch():
     assert _onednn_kernel(small, small, limits) is None  # many small calls
     # elsewhere (e.g. AVX2) SDPA measured faster: the kernel is not used by default
     avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    assert (_onednn_kernel(cpu, cpu, table.Limits()) is _OneDnnAttention) == avx512
+    assert (_onednn_kernel(cpu, cpu, Limits()) is _OneDnnAttention) == avx512
 
 
 def test_to_nchw_hands_the_gradient_back_in_the_source_layout():

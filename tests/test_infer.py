@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from backbones.checkpoints.pretrained import CheckpointError
+from backbones.errors import CheckpointError
 from tasks.deploy.export import export_backbone, export_model
 from tasks.deploy.images import InputError, find_images
 from tasks.deploy.inference import build_inferencer

@@ -5,6 +5,7 @@ import torch
 
 import backbones
 from backbones import FAMILIES, HATNet, STViT, load_pretrained
+from backbones.errors import CheckpointError
 from tests._tools import official_file
 
 pytest.importorskip("mmcv.ops", reason="mmcv with compiled ops is installed by tools/setup_env.sh")
@@ -111,7 +112,7 @@ def test_forwarded_model_pretrained_is_refused_naming_it_and_the_fix(tmp_path, p
         torch.save({"state_dict": {"conv1.weight": torch.zeros(64, 3, 7, 7)}}, pretrained)
     model_cfg = _mmseg_stock_with_our_backbone(... if pretrained == "stock" else pretrained)
     shown = model_cfg.pretrained
-    with pytest.raises(backbones.CheckpointError) as info:
+    with pytest.raises(CheckpointError) as info:
         _build_mmseg(model_cfg)
     msg = str(info.value)
     assert f"pretrained={shown!r}" in msg and "model.pretrained" in msg and "model.pretrained=None" in msg, msg
@@ -133,7 +134,7 @@ def test_the_named_fix_builds_and_loads_through_init_cfg(tmp_path):
 
 def test_plain_backbone_pretrained_url_is_refused_clearly():
     with pytest.raises(
-        backbones.CheckpointError,
+        CheckpointError,
         match=r"'open-mmlab://resnet50_v1c' is a URL .*cannot fetch.*local files and http\(s\):// URLs",
     ):
         STViT("shrunk", pretrained="open-mmlab://resnet50_v1c")
@@ -179,8 +180,6 @@ def test_pretrained_in_an_init_cfg_list_goes_through_the_checked_loader(tmp_path
     ``load_checkpoint``, so another family's checkpoint loaded nothing without an error. It now loads through
     ``load_pretrained`` like the dict form (refusals included), after the list's other initialisers."""
     from mmdet.registry import MODELS
-
-    from backbones import CheckpointError
 
     torch.manual_seed(0)
     src = STViT("shrunk").eval()

@@ -375,7 +375,7 @@ def evil(tmp_path):
 
 
 def test_evil_checkpoint_refused_by_checkpoint_io_and_test_tool(evil, tmp_path):
-    from backbones.checkpoints.pretrained import CheckpointError
+    from backbones.errors import CheckpointError
     from tasks.training.checkpoint_io import AtomicCheckpointIO
 
     path, marker = evil
@@ -387,7 +387,7 @@ def test_evil_checkpoint_refused_by_checkpoint_io_and_test_tool(evil, tmp_path):
 
 
 def test_evil_checkpoint_refused_by_train_resume(evil, tiny_data, tmp_path):
-    from backbones.checkpoints.pretrained import CheckpointError
+    from backbones.errors import CheckpointError
 
     path, marker = evil
     ade = tiny_data / "tiny_ade20k"
@@ -411,7 +411,7 @@ def test_evil_checkpoint_refused_by_train_resume(evil, tiny_data, tmp_path):
 def test_evil_checkpoint_refused_by_pretrained_init_and_export(evil, tmp_path):
     from mmengine.runner import load_checkpoint
 
-    from backbones.checkpoints.pretrained import CheckpointError
+    from backbones.errors import CheckpointError
     from tasks import build_task
     from tasks.config.load import load_config
     from tasks.deploy.export import export_backbone

@@ -14,8 +14,8 @@ import pytest
 import timm
 import torch
 
-import backbones
 from backbones import FAMILIES, load_pretrained
+from backbones.errors import CheckpointError
 from backbones.timm_models import TimmModel, model_names
 from tests._tools import GOLDEN_CASES, assert_close, load_tool
 
@@ -135,7 +135,7 @@ def test_classifier_interface_checkpointing_and_pruning(release):
 
 def test_a_file_of_another_variant_is_named(release):
     other = next(model_names(f)[0] for f in FAMILIES.values() if f.cls is not release["cls"])  # another family's
-    with pytest.raises(backbones.CheckpointError, match="does not fit"):
+    with pytest.raises(CheckpointError, match="does not fit"):
         timm.create_model(other, pretrained=True, pretrained_cfg_overlay=dict(file=str(release["path"])))
 
 
@@ -148,7 +148,7 @@ def test_timm_export_of_a_release_and_of_a_training_run(det_run, reference_dir, 
     data = torch.load(reference_dir / case, weights_only=True)
     release = tmp_path / "HAT-Net_Tiny.pth"
     torch.save({"model": data["state_dict"], "args": argparse.Namespace(model="HAT_Net_tiny")}, release)
-    with pytest.raises(backbones.CheckpointError, match="no released variant"):
+    with pytest.raises(CheckpointError, match="no released variant"):
         tool.main([str(release), "--format", "timm", "--out", str(tmp_path / "t")])
 
     meta = tool.main([det_run.ckpt, "--format", "timm", "--out", str(tmp_path / "run"), "--config", det_run.config])

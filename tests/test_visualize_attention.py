@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 
 import backbones
-from backbones import FAMILIES, fast_paths
+from backbones import FAMILIES, Family, fast_paths, register
 from backbones.errors import CheckpointError
-from backbones.families import Family, register, unregister
+from backbones.families import unregister
 from backbones.models.attention_maps import (
     attention_modules,
     global_attention_map,

@@ -16,8 +16,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from backbones import CheckpointError, STViT, load_model_weights, load_pretrained
+from backbones import STViT, load_model_weights, load_pretrained
 from backbones.checkpoints.download import cache_path, fetch
+from backbones.errors import CheckpointError
 from tasks.config.load import load_config
 from tests._tools import DET_CFG, load_tool
 

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 
 import torch
 
-from ..errors import UserError
+from ..errors import CheckpointError, UserError
 from ..families import family_of, get
 from ..ops.switch import fast_paths
 from .atomic import atomic_write, plain_meta
-from .pretrained import SAFETENSORS_META_KEY, CheckpointError, arch_signature, load_pretrained, read_checkpoint
-from .weights import state_dict_diff
+from .pretrained import SAFETENSORS_META_KEY, arch_signature, load_pretrained
+from .weights import read_checkpoint, state_dict_diff
 
 FORMATS = ("pth", "safetensors", "official", "onnx", "timm")
 EXTENSIONS = {"pth": (".pth", ".pt"), "official": (".pth", ".pt"), "safetensors": (".safetensors",), "onnx": (".onnx",)}

@@ -15,17 +15,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from ..errors import CheckpointError
 from ..families import FAMILIES, family_of, get, titles
-from .weights import (  # noqa: F401 - SAFE_GLOBALS, StateDictDiff, check_checkpoint_path: their old home
-    SAFE_GLOBALS,
-    CheckpointError,
-    StateDictDiff,
-    _summary,
-    check_checkpoint_path,
-    is_state_dict,
-    read_checkpoint,
-    state_dict_diff,
-)
+from .weights import _summary, is_state_dict, read_checkpoint, state_dict_diff
 
 logger = logging.getLogger("backbones")
 SAFETENSORS_META_KEY = "meta"

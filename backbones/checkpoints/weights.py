@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from ..errors import CheckpointError  # noqa: F401 - raised here, imported from here by the callers
+from ..errors import CheckpointError
 
 # Classes that may appear in trusted-format checkpoints besides tensors and Python builtins: the
 # official DeiT-style training scripts store their `args` as an argparse.Namespace.
@@ -71,9 +71,6 @@ class KeyReport:
         if self.unexpected:
             text += f"; not in the model (ignored): {', '.join(self.unexpected)}"
         return text
-
-
-StateDictDiff = KeyReport  # the name the backbone loader and the exports use
 
 
 def state_dict_diff(

@@ -19,12 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from . import table
-from .table import Limits
-
-__all__ = ["Limits", "enabled", "set_fast_paths", "fast_paths"]
+from .limits import Limits
 
 
-def enabled() -> bool:
+def fast_paths_enabled() -> bool:
     """Whether the fast paths are on."""
     return table.active().fast
 

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 import torch
 from mmengine.config import Config
 
-from backbones.checkpoints.export import ExportError, plain_meta
-from backbones.checkpoints.weights import CheckpointError, check_checkpoint_path, model_state_dict, read_checkpoint
+from backbones.checkpoints.atomic import plain_meta
+from backbones.checkpoints.export import ExportError
+from backbones.checkpoints.weights import check_checkpoint_path, model_state_dict, read_checkpoint
+from backbones.errors import CheckpointError
 
 from ..config.load import config_text
 

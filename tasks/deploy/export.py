@@ -17,20 +17,22 @@ from collections.abc import Mapping
 import torch
 from mmengine.config import Config
 
+from backbones import FAMILIES
+from backbones.checkpoints.atomic import plain_meta
 from backbones.checkpoints.export import (
     EXTENSIONS,
     ExportError,
     canonical_state_dict,
     export_release,
-    plain_meta,
     resolve_format,
     save_backbone,
     save_torch,
     tensor_sha256,
 )
-from backbones.checkpoints.pretrained import CheckpointError, detect_family, state_dict_diff
-from backbones.checkpoints.weights import check_checkpoint_path, is_state_dict, read_checkpoint
-from backbones.families import FAMILIES, by_type_name, get
+from backbones.checkpoints.pretrained import detect_family
+from backbones.checkpoints.weights import check_checkpoint_path, is_state_dict, read_checkpoint, state_dict_diff
+from backbones.errors import CheckpointError
+from backbones.families import by_type_name, get
 
 from ..config.scopes import register_scope
 from .checkpoints import read_training_checkpoint, resolve_config

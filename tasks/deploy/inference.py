@@ -33,9 +33,10 @@ import torch
 from mmengine.dataset import pseudo_collate
 from PIL import Image
 
+from backbones import load_pretrained
 from backbones.checkpoints.atomic import atomic_write, check_writable
-from backbones.checkpoints.pretrained import load_pretrained
-from backbones.checkpoints.weights import CheckpointError, check_checkpoint_path, load_state_dict_checked
+from backbones.checkpoints.weights import check_checkpoint_path, load_state_dict_checked
+from backbones.errors import CheckpointError
 
 from ..config.load import check_config_path, load_config
 from ..config.scopes import register_scope

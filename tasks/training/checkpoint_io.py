@@ -25,14 +25,10 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 
+from backbones import KeyReport, load_model_weights
 from backbones.checkpoints.atomic import atomic_write
-from backbones.checkpoints.weights import (
-    CheckpointError,
-    KeyReport,
-    load_model_weights,
-    read_checkpoint,
-    state_dict_diff,
-)
+from backbones.checkpoints.weights import read_checkpoint, state_dict_diff
+from backbones.errors import CheckpointError
 
 from .disk_space import disk_full_error, space_failure
 
