@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from pycocotools import mask as mask_utils
 
-from perf.coco.compare import run_coco_metric, run_in_child
+from perf.coco.compare import run_in_child
+from perf.coco.mmdet_metric import run_coco_metric
 from tasks.evaluation.coco import DetectionEvaluator
 from tasks.evaluation.segmentation import SegmentationEvaluator
 from tests._tools import flat_metrics

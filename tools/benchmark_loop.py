@@ -22,7 +22,8 @@ import os
 import os.path as osp
 import tempfile
 
-from perf.training.loop import LOOPS, ROOT, compare, spread
+from perf.child import ROOT
+from perf.training.loop import LOOPS, compare, spread
 from tasks.runtime.cli import command_line
 
 DEMO_CFG = str(ROOT / "configs" / "demo" / "mask-rcnn_stvit-demo_fpn_tiny-coco.py")

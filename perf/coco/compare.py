@@ -18,24 +18,16 @@ import tempfile
 import time
 
 from perf.child import last_json, run_module
-from perf.coco.data import CLASSES, NUM_CLASSES, coco_json, make_samples
-from perf.coco.gather import gather_peak
+from perf.coco.data import CLASSES, coco_json, make_samples
 from perf.coco.mmdet_metric import FLAT, run_coco_metric
 from perf.memory import peak_rss_gib, rss_gib
 
 __all__ = [
-    "CLASSES",
     "EVALUATORS",
-    "FLAT",
     "KEYS",
-    "NUM_CLASSES",
-    "coco_json",
-    "gather_peak",
-    "make_samples",
     "max_difference",
     "run",
     "run_child",
-    "run_coco_metric",
     "run_in_child",
 ]
 

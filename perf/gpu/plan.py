@@ -18,19 +18,14 @@ from ..lineup import Entry, entries
 from ..models import build, ours_and_official
 from ..official import load_official
 from ..report import Failure
-from .markdown import EXACT_TOLERANCE, device_name, render, tf32_state
 
 __all__ = [
-    "EXACT_TOLERANCE",
     "FULL",
     "QUICK",
     "Budget",
     "Models",
     "Plan",
     "attempt",
-    "device_name",
-    "render",
-    "tf32_state",
 ]
 
 

@@ -11,7 +11,8 @@ from backbones.checkpoints.atomic import write_text
 
 from ..lineup import titles
 from ..models import swin_source
-from .plan import FULL, QUICK, Budget, Models, render
+from .markdown import render
+from .plan import FULL, QUICK, Budget, Models
 from .sections import compile_section, exactness, throughput, training
 
 SECTIONS = dict(exactness=exactness, training=training, throughput=throughput, compile=compile_section)

@@ -6,8 +6,7 @@ every validation step and ``compute()`` (on every rank: it syncs states across p
 ``compute()`` returns plain floats under the names logged by the project (see docs/DESIGN.md) and
 ``per_class = {metric name: {class name: float | None}}`` (None: the class has no ground truth), plain Python
 values that JSON and ``torch.load(weights_only=True)`` accept. The records' pieces are
-``tasks.evaluation.coco_records``'s (``encode_masks_transposed`` is importable here too), the COCOeval run and
-the AP selections ``tasks.evaluation.cocoeval``'s.
+``tasks.evaluation.coco_records``'s, the COCOeval run and the AP selections ``tasks.evaluation.cocoeval``'s.
 """
 
 from typing import Any, Optional, Sequence
@@ -21,7 +20,7 @@ from .coco_records import as_numpy, boxes_xywh, encode_masks_transposed, mask_ar
 from .cocoeval import AP_SELECTIONS, average_precision, coco_precision
 from .packed import pack, unpack
 
-__all__ = ["DetectionEvaluator", "encode_masks_transposed"]
+__all__ = ["DetectionEvaluator"]
 
 
 class DetectionEvaluator(Metric):
