@@ -132,6 +132,8 @@ def run_steps(config: str, data_root: str, out: str) -> dict:
             return json.load(f)
 
     def gpu_report():
+        # the sections measured in this process (about 1 s of CPU); the whole quick report takes 30 s of CPU, and
+        # its training and compile rows run the same per-model code for every family (tests/test_gpu_report.py)
         report = osp.join(out, "gpu_report.md")
         load_tool("gpu_report").main(
             ["--device", "cpu", "--quick", "--sections", "exactness,throughput", "--out", report]
