@@ -120,14 +120,16 @@ def test_a_third_family_exports_loads_benchmarks_and_records_attention(toy, tmp_
     torch.testing.assert_close(records[(1, 0)]["weights"].sum((1, 2)), torch.ones(1))
 
 
-def test_official_layout_is_refused_for_a_family_without_official_code(toy, tmp_path):
-    register_without = Family(**{**toy.FAMILY.__dict__, "official": None})
+def test_official_and_timm_formats_are_refused_for_a_family_without_their_records(toy, tmp_path):
+    register_without = Family(**{**toy.FAMILY.__dict__, "official": None, "classifier": None})
     unregister("toy")
     register(register_without)
     model = create("toy", "one")
     with pytest.raises(ExportError, match="no official model.*--format pth"):
         save_backbone(model.state_dict(), model, tmp_path / "toy.pth", "official")
-    assert not (tmp_path / "toy.pth").exists()
+    with pytest.raises(ExportError, match="no timm models.*--format pth"):
+        save_backbone(model.state_dict(), model, tmp_path / "toy_timm", "timm")
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_third_family_with_a_classifier_becomes_a_timm_model(tmp_path):

@@ -245,7 +245,10 @@ def timm_classifier(backbone: torch.nn.Module, with_head: bool, **kwargs) -> tor
 
     family = get(backbone.family)
     if family.classifier is None:
-        raise ExportError(f"The {family.name} family has no timm models (its record gives no classifier).")
+        raise ExportError(
+            f"The {family.name} family has no timm models (its record gives no classifier), so there is no timm "
+            "model to export to. Export with --format pth, safetensors or onnx instead."
+        )
     with torch.device("meta"):
         variant = next((v for v in family.released if family.cls(v).arch == backbone.arch), None)
     name = f"{family.name}_{variant or family.released[0]}"
