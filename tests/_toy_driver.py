@@ -11,6 +11,7 @@ the exports, timm) run here; the test asserts on what they found."""
 import contextlib
 import io
 import json
+import os
 import os.path as osp
 import sys
 import time
@@ -143,7 +144,7 @@ def run_steps(config: str, data_root: str, out: str) -> dict:
 
     def visualize_attention():
         image = osp.join(data_root, "images", "validation")
-        image = osp.join(image, sorted(__import__("os").listdir(image))[0])
+        image = osp.join(image, sorted(os.listdir(image))[0])
         return load_tool("visualize_attention").main([config, ckpt, image, "--out-dir", osp.join(out, "attention")])
 
     def timm_model():
