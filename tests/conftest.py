@@ -134,9 +134,10 @@ def tiny_data(tmp_path_factory) -> Path:
     changing anything."""
 
     def make(out):
-        tiny = load_tool("make_tiny_data")
-        tiny.make_coco(out, num_train=TINY_COCO[0], num_val=TINY_COCO[1], seed=0)
-        tiny.make_ade20k(out, num_train=TINY_ADE20K[0], num_val=TINY_ADE20K[1], seed=0)
+        from tasks.data.tiny import make_ade20k, make_coco
+
+        make_coco(out, num_train=TINY_COCO[0], num_val=TINY_COCO[1], seed=0)
+        make_ade20k(out, num_train=TINY_ADE20K[0], num_val=TINY_ADE20K[1], seed=0)
         assert write_image_info(out / "tiny_coco", name=Path(IMAGE_INFO).name) == IMAGE_INFO
         return str(out)
 

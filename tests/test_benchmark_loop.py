@@ -8,17 +8,17 @@ import math
 
 import pytest
 
+from tasks.data.tiny import make_coco
 from tests._tools import load_tool
 
 bench = load_tool("benchmark_loop")
-tiny_data = load_tool("make_tiny_data")
 
 
 # Two whole training processes (start-up ~15 s of CPU each): a minute or more on a loaded shared machine.
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_both_loops_train_and_the_report_adds_up(tmp_path):
-    tiny_data.make_coco(tmp_path / "data", num_train=4, num_val=1, seed=0)
+    make_coco(tmp_path / "data", num_train=4, num_val=1, seed=0)
     out = tmp_path / "report.json"
     argv = [
         "--data",

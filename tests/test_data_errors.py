@@ -8,8 +8,9 @@ import shutil
 import pytest
 
 from tasks.data.checks import DataError
+from tasks.data.tiny import make_coco
 from tests._runs import assert_same_training_state, ddp_opts, load_ckpt, run_here, run_job_here, seg_opts
-from tests._tools import DET_CFG, SEG_CFG, load_tool
+from tests._tools import DET_CFG, SEG_CFG
 
 STATE = "DataErrors"  # the callback's entry in the checkpoints' "callbacks"
 
@@ -24,7 +25,7 @@ def _cut(path):
 
 
 def test_detection_demo_skips_two_bad_images_and_lists_them_or_stops_at_the_first(tmp_path):
-    root = load_tool("make_tiny_data").make_coco(tmp_path / "data", num_train=9, num_val=1, seed=0)
+    root = make_coco(tmp_path / "data", num_train=9, num_val=1, seed=0)
     bad = sorted((root / "train2017").iterdir())[2:4]
     _cut(bad[0])  # a truncated JPEG
     bad[1].unlink()  # a missing file

@@ -16,7 +16,7 @@ from mmengine.config import Config
 from backbones import FAMILIES, HATNet, STViT, load_pretrained
 from backbones.checkpoints.export import ExportError, read_export, tensor_sha256, verify_export
 from backbones.errors import CheckpointError
-from tasks.deploy.export import export_backbone
+from tasks.deploy.export import export_backbone, export_model
 from tests._tools import DET_CFG, FAMILY_DATA, GOLDEN_CASES, flat_metrics, load_tool
 
 EYE = torch.eye(9).reshape(9, 1, 3, 3)
@@ -219,7 +219,7 @@ def test_export_model_loads_in_init_detector_and_predicts_the_same(det_run, tmp_
     ckpt, config, metrics = det_run.ckpt, det_run.config, det_run.metrics
     out = str(tmp_path / "det.pth")
     meta = export_model_tool.main([ckpt, "--out", out, "--config", config])
-    again = export_model_tool.export_model(ckpt, tmp_path / "det2.pth", config)
+    again = export_model(ckpt, tmp_path / "det2.pth", config)
     assert meta == again and open(out, "rb").read() == open(tmp_path / "det2.pth", "rb").read()
     module, datamodule = _lightning_module(config, ckpt)
     detector = init_detector(config, out, device="cpu")
@@ -314,7 +314,7 @@ def test_format_must_match_extension(det_run, det_exports, tmp_path):
     with pytest.raises(ExportError, match="Cannot infer the export format"):
         export_backbone(ckpt, tmp_path / "x.bin", config=config)
     with pytest.raises(ExportError, match=r"name it \.pth or \.pt"):
-        export_model_tool.export_model(ckpt, tmp_path / "x.safetensors", config)
+        export_model(ckpt, tmp_path / "x.safetensors", config)
     # a file whose content does not match its name, on the loading side
     paths, metas = det_exports
     renamed = {"pth": tmp_path / "st.pth", "safetensors": tmp_path / "pth.safetensors"}

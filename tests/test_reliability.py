@@ -13,6 +13,7 @@ import lightning as L
 import pytest
 import torch
 
+from tasks.data.tiny import make_coco
 from tests._runs import (
     TIMEOUT,
     assert_same_training_state,
@@ -25,7 +26,7 @@ from tests._runs import (
 )
 from tests._tools import DET_CFG, REPO, SEG_CFG, load_tool
 
-train_tool, make_tiny_data = load_tool("train"), load_tool("make_tiny_data")
+train_tool = load_tool("train")
 
 
 # --- SIGKILL mid-epoch, then --resume (the segmentation demo's runs, 1 and 2 processes: tests/test_cluster.py) -----
@@ -35,7 +36,7 @@ def test_sigkill_mid_epoch_then_resume_with_aspect_ratio_batches(tmp_path):
     orientations (one of the 9 has no objects), 4 batches of 2 per epoch, last.ckpt every 3 steps. Killed after
     step 4 with the checkpoint of step 3 (mid-epoch), the same command resumes and ends with the weights,
     optimizer state and lr schedule of the uninterrupted run."""
-    make_tiny_data.make_coco(tmp_path / "data", num_train=9, num_val=1, seed=0)
+    make_coco(tmp_path / "data", num_train=9, num_val=1, seed=0)
     root = tmp_path / "data" / "tiny_coco"
     opts = []
     for split in ("train", "val", "test"):

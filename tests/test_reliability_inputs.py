@@ -19,10 +19,11 @@ from PIL import Image
 
 from backbones.checkpoints.atomic import write_json
 from backbones.checkpoints.export import save_torch
+from tasks.data.tiny import make_ade20k, make_coco
 from tasks.training.checkpoint_io import AtomicCheckpointIO
 from tests._tools import DET_CFG, SEG_CFG, load_tool
 
-train_tool, test_tool, make_tiny_data = load_tool("train"), load_tool("test"), load_tool("make_tiny_data")
+train_tool, test_tool = load_tool("train"), load_tool("test")
 
 
 # --- writers killed mid-write -------------------------------------------------------------------------------
@@ -106,13 +107,13 @@ def test_kill_during_write_keeps_previous_file(which, tmp_path):
 # --- bad data -----------------------------------------------------------------------------------------------
 @pytest.fixture()
 def ade(tmp_path):
-    make_tiny_data.make_ade20k(tmp_path, num_train=2, num_val=2, seed=0)
+    make_ade20k(tmp_path, num_train=2, num_val=2, seed=0)
     return tmp_path / "tiny_ade20k"
 
 
 @pytest.fixture()
 def coco(tmp_path):
-    make_tiny_data.make_coco(tmp_path, num_train=12, num_val=2, seed=0)
+    make_coco(tmp_path, num_train=12, num_val=2, seed=0)
     return tmp_path / "tiny_coco"
 
 

@@ -8,17 +8,16 @@ import json
 
 import pytest
 
-from tests._tools import REPO, load_tool
+from tasks.data.tiny import make_coco
+from tests._tools import REPO
 
 PAPER_CFG = f"{REPO}/configs/stvit/mask-rcnn_stvit-s_fpn_1x_coco.py"
 TINY_CLASSES = ("square", "disc", "triangle")
 
-make_tiny_data = load_tool("make_tiny_data")
-
 
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory):
-    root = make_tiny_data.make_coco(tmp_path_factory.mktemp("data"), num_train=40, num_val=2, seed=0)
+    root = make_coco(tmp_path_factory.mktemp("data"), num_train=40, num_val=2, seed=0)
     images = json.loads((root / "annotations" / "instances_train2017.json").read_text())["images"]
     portrait = sum(i["width"] < i["height"] for i in images)
     assert 5 < portrait < len(images) - 5, "the test needs both orientations"

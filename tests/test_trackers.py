@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from mmengine.config import Config
 
+from tasks.data.tiny import make_ade20k
 from tasks.training.trackers import build_loggers, flat_params
 from tests._tools import SEG_CFG, load_tool
 
-train_tool, tiny_data = load_tool("train"), load_tool("make_tiny_data")
+train_tool = load_tool("train")
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +28,7 @@ def tracked_run(run_once):
 
 
 def _tracked_run(root):
-    tiny_data.make_ade20k(root, num_train=2, num_val=1, seed=0)
+    make_ade20k(root, num_train=2, num_val=1, seed=0)
     config = root / "upernet_tracked.py"
     config.write_text(
         f"_base_ = {SEG_CFG!r}\n"
