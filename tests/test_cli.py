@@ -65,3 +65,19 @@ def test_no_tool_catches_its_own_list_of_user_errors():
     }
     quirk = [p.name for p in tools if "if argv is not None:" in p.read_text()]
     assert len(tools) > 15 and lists == {} and quirk == [], "wrap main in tasks.runtime.cli.command_line instead"
+
+
+# The tools whose main is not wrapped in command_line, and why; every other tool is.
+OFF_THE_RUNNER = {
+    "build_mmcv.py": "stdlib only: tools/setup_env.sh runs it before the project and its packages are installed",
+    "compare_official.py": "runs with torch alone, and tasks/ (the runner's package) imports mmengine",
+    "gpu_report.py": "runs with torch alone, and tasks/ (the runner's package) imports mmengine",
+    "demo.py": "runs the other tools as __main__, each on the runner; it says which step failed and its message",
+    "train.py": "its cli() names the failing rank of a DDP run for bad input and crashes alike (docs/reliability.md)",
+}
+
+
+def test_every_tool_is_on_the_runner_or_says_why_not():
+    tools = {p.name: p.read_text() for p in (Path(REPO) / "tools").glob("*.py")}
+    off = {name for name, text in tools.items() if "@command_line" not in text}
+    assert off == set(OFF_THE_RUNNER), "wrap the tool's main in tasks.runtime.cli.command_line"
