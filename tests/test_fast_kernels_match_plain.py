@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from backbones import FAMILIES, STViT, fast_paths
+from backbones.models import stvit_ops
 from backbones.models.hatnet import InvertedResidual
 from backbones.models.stvit import Mlp
+from backbones.models.stvit_ops import _MlpTail
 from backbones.ops import kernels, table
-from backbones.ops.kernels import _MlpTail
 from backbones.ops.limits import Limits
 from tests._fast_vs_plain import outputs_and_grads
 from tests._tools import assert_close, grad_fns
@@ -65,20 +66,20 @@ def test_residual_depthwise_conv_is_one_convolution_with_the_same_values_and_gra
     torch.manual_seed(0)
     x = torch.randn(2, 6, 7, 9, dtype=torch.double).contiguous(memory_format=torch.channels_last)
     conv = conv.double()
-    assert kernels._identity_tap(conv.weight, kernels._conv_args(conv)) is not None
+    assert stvit_ops._identity_tap(conv.weight, kernels.conv_args(conv)) is not None
     params = list(conv.parameters())
     ys = []
     for fast in (False, True):
         with fast_paths(fast):
             xs = x.clone().requires_grad_()
-            y = table.residual_dwconv(conv, xs)
+            y = stvit_ops.residual_dwconv(conv, xs)
             ys.append((y, *torch.autograd.grad(y, [xs, *params], torch.ones_like(y))))
     for a, b in zip(*ys):
         torch.testing.assert_close(a, b)
-    weight, bias, args = conv.weight.detach(), conv.bias, kernels._conv_args(conv)
-    tap = kernels._identity_tap(weight, args)
+    weight, bias, args = conv.weight.detach(), conv.bias, kernels.conv_args(conv)
+    tap = stvit_ops._identity_tap(weight, args)
     inputs = [x.clone().requires_grad_(), weight.clone().requires_grad_()]
-    assert torch.autograd.gradcheck(lambda a, w: kernels._residual_conv(a, w, bias, args, tap), inputs)
+    assert torch.autograd.gradcheck(lambda a, w: stvit_ops._residual_conv(a, w, bias, args, tap), inputs)
 
 
 @pytest.mark.parametrize(
@@ -92,10 +93,11 @@ def test_residual_depthwise_conv_is_one_convolution_with_the_same_values_and_gra
     ids=["strided", "grouped", "even", "off-centre"],
 )
 def test_residual_of_other_convolutions_is_the_plain_sum(conv):
-    assert kernels._identity_tap(conv.weight, kernels._conv_args(conv)) is None
+    assert stvit_ops._identity_tap(conv.weight, kernels.conv_args(conv)) is None
     x = torch.randn(1, 6, 8, 8)
     if conv.stride == (1, 1) and conv(x).shape == x.shape:
-        torch.testing.assert_close(kernels.residual_dwconv(conv, x), x + conv(x), rtol=0, atol=0)
+        with fast_paths(True):
+            torch.testing.assert_close(stvit_ops.residual_dwconv(conv, x), x + conv(x), rtol=0, atol=0)
 
 
 def test_unfold_fold_equal_identity_kernel_convs():
@@ -104,10 +106,13 @@ def test_unfold_fold_equal_identity_kernel_convs():
     x = torch.randn(B, C, h, w)
     t = torch.randn(B, h * w, 9, C)
     with fast_paths(False):  # the official identity-kernel convolutions
-        ref, ref_fold = table.unfold3x3(x.permute(0, 2, 3, 1)), table.fold3x3(t, h, w)
+        ref, ref_fold = stvit_ops.unfold3x3(x.permute(0, 2, 3, 1)), stvit_ops.fold3x3(t, h, w)
     with fast_paths(True):
-        fast, fast_fold = table.unfold3x3(x.permute(0, 2, 3, 1)), table.fold3x3(t, h, w)
-    assert table.active().unfold3x3 is kernels.unfold3x3 and table.active().fold3x3 is kernels.fold3x3
+        fast, fast_fold = stvit_ops.unfold3x3(x.permute(0, 2, 3, 1)), stvit_ops.fold3x3(t, h, w)
+        # the switch chose the slice kernels: their own backward nodes, not the convolutions'
+        grads = grad_fns(stvit_ops.unfold3x3(x.permute(0, 2, 3, 1).requires_grad_()))
+        grads |= grad_fns(stvit_ops.fold3x3(t.clone().requires_grad_(), h, w))
+    assert {"_Unfold3x3Backward", "_Fold3x3Backward"} <= grads and not any("Convolution" in g for g in grads)
     torch.testing.assert_close(fast, ref)  # (B, h*w, 9, C)
     torch.testing.assert_close(fast_fold, ref_fold)
     # the official Unfold's order: neighbour k = 3 i + j of token (y, x) is the pixel (y + i - 1, x + j - 1)
@@ -120,14 +125,14 @@ def test_unfold_fold_gradients_are_each_others_forward():
     torch.manual_seed(0)
     h, w, C = 3, 4, 2
     x, t = torch.randn(2, h, w, C, dtype=torch.double), torch.randn(2, h * w, 9, C, dtype=torch.double)
-    assert torch.autograd.gradcheck(kernels.unfold3x3, x.clone().requires_grad_())
-    assert torch.autograd.gradcheck(lambda a: kernels.fold3x3(a, h, w), t.clone().requires_grad_())
+    assert torch.autograd.gradcheck(stvit_ops._Unfold3x3.apply, x.clone().requires_grad_())
+    assert torch.autograd.gradcheck(lambda a: stvit_ops._Fold3x3.apply(a, h, w), t.clone().requires_grad_())
     gu, gf = torch.randn(2, h * w, 9, C), torch.randn(2, h, w, C)
     grads = {}
     for fast in (False, True):
         xs, ts = x.float().requires_grad_(), t.float().requires_grad_()
         with fast_paths(fast):
-            torch.autograd.backward([table.unfold3x3(xs), table.fold3x3(ts, h, w)], [gu, gf])
+            torch.autograd.backward([stvit_ops.unfold3x3(xs), stvit_ops.fold3x3(ts, h, w)], [gu, gf])
         grads[fast] = (xs.grad, ts.grad)
     torch.testing.assert_close(grads[True], grads[False])
 
@@ -335,7 +340,7 @@ def test_mlp_with_another_activation(act):
 
 @pytest.mark.parametrize("kernel,dw_bias", [(3, False), (5, True)])
 def test_inverted_residual_tail_gradcheck(kernel, dw_bias):
-    from backbones.ops.kernels import _InvertedResidualTail
+    from backbones.models.hatnet_ops import _InvertedResidualTail
 
     args = [torch.randn(1, 6, 4, 5), torch.randn(6, 1, kernel, kernel), torch.randn(6) if dw_bias else None]
     args.append(torch.randn(3, 6, 1, 1))

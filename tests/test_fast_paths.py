@@ -73,7 +73,8 @@ def test_checkpoint_recomputation_takes_the_paths_of_its_forward(family):
 
 
 def test_model_files_hold_no_switch_reads():
-    """The model files call the ops of ``backbones.ops.table`` and never read the switch themselves."""
+    """The model files call the ops of ``backbones.ops.table`` and their own ops file, and never read the switch
+    themselves."""
     import ast
     import inspect
 

@@ -39,6 +39,7 @@ from .base import (
     resolve_arch,
     shape_dependent_branches_traced,
 )
+from .hatnet_ops import inverted_residual
 from .heads import LinearHead
 
 _GRIDS = dict(grid_sizes=[8, 7, 7, 1], ds_ratios=[8, 4, 2, 1])
@@ -108,7 +109,7 @@ class InvertedResidual(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # conv3(conv2(conv1(x))); between the two GroupNorms: 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
         between = (self.conv1[1], self.conv1[2], self.conv2[0], self.conv2[1], self.conv3[0])
-        return self.conv3[1](ops.inverted_residual(self.conv1[0](x), *between))
+        return self.conv3[1](inverted_residual(self.conv1[0](x), *between))
 
 
 def _heads(t: torch.Tensor, parts: int, num_heads: int) -> tuple[torch.Tensor, ...]:

@@ -33,6 +33,7 @@ from .base import (
     resolve_arch,
 )
 from .heads import LinearHead, global_pool
+from .stvit_ops import conv_ffn, fold3x3, residual_dwconv, unfold3x3
 
 # The released variants (official ``stvit_small/base/large``).
 ARCHS = {
@@ -111,14 +112,14 @@ class _LayerNorm2dWrapper(nn.Module):
 class ResDWC(nn.Module):
     """x + depthwise 3x3 conv(x): STViT's convolutional position encoding."""
 
-    fusable = True  # ops.conv_ffn may fuse this forward into the MLP's kernels (this class only, not subclasses)
+    fusable = True  # conv_ffn may fuse this forward into the MLP's kernels (this class only, not subclasses)
 
     def __init__(self, dim: int, kernel_size: int = 3):
         super().__init__()
         self.conv = nn.Conv2d(dim, dim, kernel_size, 1, kernel_size // 2, groups=dim)
 
     def forward(self, x):
-        return ops.residual_dwconv(self.conv, x)  # x + conv(x)
+        return residual_dwconv(self.conv, x)  # x + conv(x)
 
 
 class Mlp(nn.Module):
@@ -132,7 +133,7 @@ class Mlp(nn.Module):
         self.fc2 = nn.Conv2d(hidden, dim, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.conv_ffn(x, self.fc1, self.act1, self.conv, self.fc2)  # fc2(conv(act1(fc1(x))))
+        return conv_ffn(x, self.fc1, self.act1, self.conv, self.fc2)  # fc2(conv(act1(fc1(x))))
 
 
 class Attention(nn.Module):
@@ -187,7 +188,7 @@ class StokenAttention(nn.Module):
         # STA: multi-head self-attention among the super tokens
         stokens = self.stoken_refine(ops.to_internal(nchw(stokens)))
         # TU: token upsampling X = Q S, each pixel a mix of the 9 super tokens around its grid cell
-        pixels = affinity @ ops.unfold3x3(nhwc(stokens))  # (B, hh*ww, h*w, C)
+        pixels = affinity @ unfold3x3(nhwc(stokens))  # (B, hh*ww, h*w, C)
         pixels = nchw(pixels.reshape(B, hh, ww, h, w, C).transpose(2, 3).reshape(B, H, W, C))
         return ops.to_internal(pixels[:, :, :H0, :W0])
 
@@ -202,7 +203,7 @@ class StokenAttention(nn.Module):
         pixels = nhwc(x).reshape(B, hh, h, ww, w, C).transpose(2, 3).reshape(B, hh * ww, h * w, C)
         affinity, affinity_sum = self.associate(pixels, hh, ww)
         affinity = self.association(affinity)
-        stokens = ops.fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
+        stokens = fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
         return affinity, stokens
 
     def associate(self, pixels: torch.Tensor, hh: int, ww: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,10 +215,10 @@ class StokenAttention(nn.Module):
             stokens = pixels.mean(2).reshape(B, hh, ww, C)  # initial super tokens: the mean of each grid cell
             for idx in range(self.n_iter):
                 # association: Q^t = softmax(X S^(t-1)^T / sqrt(d)) over the 9 neighbouring super tokens
-                affinity = (pixels @ ops.unfold3x3(stokens).transpose(-1, -2) * self.scale).softmax(-1)
-                affinity_sum = ops.fold3x3(affinity.sum(2).unsqueeze(-1), hh, ww)
+                affinity = (pixels @ unfold3x3(stokens).transpose(-1, -2) * self.scale).softmax(-1)
+                affinity_sum = fold3x3(affinity.sum(2).unsqueeze(-1), hh, ww)
                 if idx < self.n_iter - 1:  # super-token update: S^t = column-normalised Q^t^T X
-                    stokens = ops.fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
+                    stokens = fold3x3(affinity.transpose(-1, -2) @ pixels, hh, ww) / (affinity_sum + 1e-12)
         return affinity, affinity_sum
 
 

@@ -1,14 +1,18 @@
-"""The operations the model files call where a fast kernel exists beside the plain formulation.
+"""The shared operations the model files call where a fast kernel exists beside the plain formulation.
 
     from ..ops import table as ops   # in a model file
     out = ops.attention(q, k, v, scale)     # softmax(q k^T * scale) v
 
 Each function below forwards to the active ``OpSet``: ``PLAIN`` (the formulation of the paper and the
 official code, to read, export and count FLOPs on) or ``fast_ops(limits)`` (the kernels of ``kernels.py`` and
-``attention_kernels.py``, same values and gradients). ``backbones.set_fast_paths`` / ``backbones.fast_paths`` pick the
-set when the switch changes, so the model files hold no switch checks. ``run_with(ops_, fn, ...)`` runs fn
-under a captured set: activation checkpointing recomputes a block with the set its forward used, whatever
+``attention_kernels.py``, same values and gradients). ``backbones.set_fast_paths`` / ``backbones.fast_paths``
+pick the set when the switch changes, so the model files hold no switch checks. ``run_with(ops_, fn, ...)`` runs
+fn under a captured set: activation checkpointing recomputes a block with the set its forward used, whatever
 the switch says by the time backward runs.
+
+The table holds what any family may use. An operation of one family's own (a fused block of its layers) lives
+in a file named after the family (``models/<family>_ops.py``), made an op by ``switched``: the same switch and
+the same ``Limits``.
 """
 
 from __future__ import annotations
@@ -33,12 +37,7 @@ class OpSet:
     limits: Limits
     to_internal: Callable
     attention: Callable
-    unfold3x3: Callable
-    fold3x3: Callable
     gelu: Callable
-    residual_dwconv: Callable
-    conv_ffn: Callable
-    inverted_residual: Callable
 
 
 # --- the plain formulation ---------------------------------------------------------------------------------
@@ -50,41 +49,12 @@ def _plain_attention(q, k, v, scale, mask=None, weights=None):
     return (probs if weights is None else weights(probs)) @ v
 
 
-def _identity_kernel(x: torch.Tensor) -> torch.Tensor:
-    return torch.eye(9, dtype=x.dtype, device=x.device).reshape(9, 1, 3, 3)
-
-
-def _plain_unfold3x3(x):  # the official Unfold: an identity-kernel convolution
-    B, h, w, C = x.shape
-    out = F.conv2d(x.permute(0, 3, 1, 2).reshape(B * C, 1, h, w), _identity_kernel(x), padding=1)
-    return out.reshape(B, C, 9, h * w).permute(0, 3, 2, 1)
-
-
-def _plain_fold3x3(x, h, w):  # the official Fold: the transposed identity-kernel convolution
-    B, _, _, C = x.shape
-    out = F.conv_transpose2d(x.permute(0, 3, 2, 1).reshape(B * C, 9, h, w), _identity_kernel(x), padding=1)
-    return out.reshape(B, C, h, w).permute(0, 2, 3, 1)
-
-
-def _plain_conv_ffn(x, fc1, act, res, fc2):
-    return fc2(res(act(fc1(x))))
-
-
-def _plain_inverted_residual(x, conv1, act1, dwconv, act2, conv3):
-    return conv3(act2(dwconv(act1(conv1(x)))))
-
-
 PLAIN = OpSet(
     fast=False,
     limits=Limits(),
     to_internal=lambda x: x.contiguous(),
     attention=_plain_attention,
-    unfold3x3=_plain_unfold3x3,
-    fold3x3=_plain_fold3x3,
     gelu=F.gelu,
-    residual_dwconv=lambda conv, x: x + conv(x),
-    conv_ffn=_plain_conv_ffn,
-    inverted_residual=_plain_inverted_residual,
 )
 
 
@@ -95,12 +65,7 @@ def fast_ops(limits: Limits) -> OpSet:
         limits=limits,
         to_internal=lambda x: x.contiguous(memory_format=torch.channels_last),
         attention=functools.partial(attention_kernels.attention, limits=limits),
-        unfold3x3=kernels.unfold3x3,
-        fold3x3=kernels.fold3x3,
         gelu=kernels.gelu,
-        residual_dwconv=kernels.residual_dwconv,
-        conv_ffn=functools.partial(kernels.conv_ffn, limits=limits),
-        inverted_residual=functools.partial(kernels.inverted_residual, limits=limits),
     )
 
 
@@ -120,6 +85,26 @@ def activate(ops_: OpSet) -> OpSet:
     """Make ``ops_`` the active set; returns the previous one."""
     previous, _ACTIVE[0] = _ACTIVE[0], ops_
     return previous
+
+
+def switched(fast: Callable) -> Callable[[Callable], Callable]:
+    """Decorator: the plain formulation ``plain(*args)`` made an op of a family's own, which calls
+    ``fast(*args, limits=...)`` (the active ``Limits``) instead while the fast paths are on.
+
+        @switched(_fast_conv_ffn)
+        def conv_ffn(x, fc1, act, res, fc2):  # the plain formulation, and the op's documentation
+            return fc2(res(act(fc1(x))))
+    """
+
+    def decorate(plain: Callable) -> Callable:
+        @functools.wraps(plain)
+        def op(*args):
+            ops_ = _ACTIVE[0]
+            return fast(*args, limits=ops_.limits) if ops_.fast else plain(*args)
+
+        return op
+
+    return decorate
 
 
 def run_with(ops_: OpSet, fn: Callable, *args):
@@ -169,17 +154,6 @@ def attention(
     return _ACTIVE[0].attention(q, k, v, scale, mask, weights)
 
 
-def unfold3x3(x: torch.Tensor) -> torch.Tensor:
-    """(B, h, w, C) -> (B, h*w, 9, C): each grid cell's 3x3 neighbourhood (zeros outside the grid), neighbour
-    k = 3 i + j of cell (y, x) being cell (y + i - 1, x + j - 1) (the official Unfold's order)."""
-    return _ACTIVE[0].unfold3x3(x)
-
-
-def fold3x3(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """The adjoint of ``unfold3x3``: (B, h*w, 9, C) -> (B, h, w, C), each cell summing its neighbours' shares."""
-    return _ACTIVE[0].fold3x3(x, h, w)
-
-
 def dense_conv(fn: Callable, x: torch.Tensor) -> torch.Tensor:
     """``fn(x)`` for ``fn`` a stem or downsampling of dense (not depthwise) convolutions, ``x`` in any layout (the
     input image, or a map in the internal one), the result in the internal layout; fast, with
@@ -194,23 +168,3 @@ def dense_conv(fn: Callable, x: torch.Tensor) -> torch.Tensor:
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """``F.gelu``; fast: a channels_last map through its NHWC view (``kernels.gelu``)."""
     return _ACTIVE[0].gelu(x, approximate=approximate)
-
-
-def residual_dwconv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``x + conv(x)`` for ``conv`` a depthwise convolution that keeps the size (STViT's ResDWC); fast: one
-    convolution, its kernel with 1 added at the centre (``kernels.residual_dwconv``)."""
-    return _ACTIVE[0].residual_dwconv(conv, x)
-
-
-def conv_ffn(x: torch.Tensor, fc1: nn.Module, act: nn.Module, res: nn.Module, fc2: nn.Module) -> torch.Tensor:
-    """``fc2(res(act(fc1(x))))``, STViT's ConvFFN with the residual depthwise conv ``res``; fast: in row chunks
-    on large CPU maps, large hidden layers recomputed in backward (``kernels.conv_ffn``)."""
-    return _ACTIVE[0].conv_ffn(x, fc1, act, res, fc2)
-
-
-def inverted_residual(
-    x: torch.Tensor, conv1: nn.Module, act1: nn.Module, dwconv: nn.Module, act2: nn.Module, conv3: nn.Module
-) -> torch.Tensor:
-    """``conv3(act2(dwconv(act1(conv1(x)))))``, HAT-Net's inverted residual between its GroupNorms; fast: in row
-    chunks on large CPU maps, large hidden layers recomputed in backward (``kernels.inverted_residual``)."""
-    return _ACTIVE[0].inverted_residual(x, conv1, act1, dwconv, act2, conv3)
