@@ -98,6 +98,9 @@ def _gn(dim: int) -> nn.GroupNorm:
 
 
 class InvertedResidual(nn.Module):
+    """GroupNorm, 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv, GroupNorm, in the official three Sequentials
+    (their keys: ``conv1.0`` ... ``conv3.1``)."""
+
     def __init__(self, dim: int, hidden: int, kernel_size: int):
         super().__init__()
         self.conv1 = nn.Sequential(_gn(dim), nn.Conv2d(dim, hidden, 1, bias=False), nn.SiLU())
@@ -107,9 +110,10 @@ class InvertedResidual(nn.Module):
         self.conv3 = nn.Sequential(nn.Conv2d(hidden, dim, 1, bias=False), _gn(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # conv3(conv2(conv1(x))); between the two GroupNorms: 1x1 conv, SiLU, depthwise conv, SiLU, 1x1 conv
-        between = (self.conv1[1], self.conv1[2], self.conv2[0], self.conv2[1], self.conv3[0])
-        return self.conv3[1](inverted_residual(self.conv1[0](x), *between))
+        norm1, expand, act1 = self.conv1
+        dwconv, act2 = self.conv2
+        project, norm2 = self.conv3
+        return norm2(inverted_residual(norm1(x), expand, act1, dwconv, act2, project))
 
 
 def _heads(t: torch.Tensor, parts: int, num_heads: int) -> tuple[torch.Tensor, ...]:
