@@ -1,6 +1,5 @@
-"""Reports: Markdown tables whose cells are numbers or the reason a number is missing, and files written
-atomically (``backbones.checkpoints.atomic``: a run cut short leaves the previous file or the new one, never half of
-one)."""
+"""Reports: Markdown tables whose cells are numbers or the reason a number is missing, and files written atomically
+(``backbones.checkpoints.atomic``: a run cut short leaves the previous file or the new one, never half of one)."""
 
 from __future__ import annotations
 

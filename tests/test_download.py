@@ -1,8 +1,7 @@
 """backbones/checkpoints/download.py against a real HTTP server on 127.0.0.1 that fails the way networks fail: a body
-cut short
-of its Content-Length, a chunked body whose connection drops, a body without a length that stops early, replies
-other than 200. Each is retried with back-off (shortened here), then refused with the bytes received and expected,
-and nothing incomplete is left in torch.hub's cache; an unreadable cached file is downloaded anew."""
+cut short of its Content-Length, a chunked body whose connection drops, a body without a length that stops early,
+replies other than 200. Each is retried with back-off (shortened here), then refused with the bytes received and
+expected, and nothing incomplete is left in torch.hub's cache; an unreadable cached file is downloaded anew."""
 
 import http.server
 import logging

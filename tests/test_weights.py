@@ -1,8 +1,7 @@
 """backbones/checkpoints/weights.py and backbones/checkpoints/download.py: checkpoint URLs (downloaded once into
-torch.hub's cache,
-verified by sha256) from an HTTP server on 127.0.0.1, the key / shape report, and the config's ``load_from`` in
-tools/train.py (fine-tuning from an exported model of the session's demo run, a checkpoint with another class
-count, ``--resume`` winning)."""
+torch.hub's cache, verified by sha256) from an HTTP server on 127.0.0.1, the key / shape report, and the config's
+``load_from`` in tools/train.py (fine-tuning from an exported model of the session's demo run, a checkpoint with another
+class count, ``--resume`` winning)."""
 
 import hashlib
 import http.server

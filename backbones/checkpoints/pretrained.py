@@ -1,7 +1,7 @@
-"""Loading weights into the backbones: official releases, plain state dicts, our exports, and detector /
-segmentor training checkpoints (their ``backbone.`` entries). Files (and http(s) URLs) are read, and keys and
-shapes compared, by ``backbones/checkpoints/weights.py``; this module finds the backbone's tensors in them, filters the
-official keys that have no counterpart, and checks family and variant."""
+"""Loading weights into the backbones: official releases, plain state dicts, our exports, and detector / segmentor
+training checkpoints (their ``backbone.`` entries). Files (and http(s) URLs) are read, and keys and shapes compared, by
+``backbones/checkpoints/weights.py``; this module finds the backbone's tensors in them, filters the official keys that
+have no counterpart, and checks family and variant."""
 
 from __future__ import annotations
 
@@ -142,11 +142,10 @@ def load_pretrained(
 
     Args:
         model: the STViT or HATNet to load into (in place).
-        checkpoint: a .pth / .pt / .ckpt / .safetensors path, an http(s):// URL of one (downloaded once into
-            torch.hub's cache and verified, see ``backbones/checkpoints/download.py``), or an already loaded checkpoint
-            object: an
-            official release ({'model': ...}), a plain state dict, one of our exports, or a detector /
-            segmentor / Lightning checkpoint whose backbone sits under 'backbone.'.
+        checkpoint: a .pth / .pt / .ckpt / .safetensors path, an http(s):// URL of one (downloaded once into torch.hub's
+            cache and verified, see ``backbones/checkpoints/download.py``), or an already loaded checkpoint object: an
+            official release ({'model': ...}), a plain state dict, one of our exports, or a detector / segmentor /
+            Lightning checkpoint whose backbone sits under 'backbone.'.
         prefix: take only the keys under this prefix (e.g. 'backbone.'), stripped; None finds the backbone.
         sha256: the expected sha256 of a URL's file; None: from the URL (``#sha256=`` or torch.hub's file name).
 

@@ -2,11 +2,10 @@
 
 Every weight file of the project goes through here: backbone checkpoints (``load_pretrained`` in
 ``backbones/checkpoints/pretrained.py`` adds the official key filter and the variant checks), whole models
-(``load_from``,
-``tools/test.py``, ``tools/infer.py``: ours, mmdet's / mmseg's ``{'state_dict', 'meta'}`` files, Lightning
-checkpoints whose keys start with ``model.``) and training checkpoints (``--resume``, read by
-``tasks/training/checkpoint_io.py``). Files are read with ``torch.load(weights_only=True)`` and a small
-allow-list, so a crafted checkpoint cannot run code; ``http(s)://`` URLs are downloaded and verified first
+(``load_from``, ``tools/test.py``, ``tools/infer.py``: ours, mmdet's / mmseg's ``{'state_dict', 'meta'}`` files,
+Lightning checkpoints whose keys start with ``model.``) and training checkpoints (``--resume``, read by
+``tasks/training/checkpoint_io.py``). Files are read with ``torch.load(weights_only=True)`` and a small allow-list, so a
+crafted checkpoint cannot run code; ``http(s)://`` URLs are downloaded and verified first
 (``backbones/checkpoints/download.py``). Pure PyTorch: no Lightning, no mm.
 """
 

@@ -76,7 +76,7 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
 
     Args:
         path: the checkpoint file, or an http(s) URL of one (``#sha256=`` verifies it; see
-        backbones/checkpoints/download.py).
+            backbones/checkpoints/download.py).
 
     Raises ``CheckpointError`` for a file that is neither, backbone exports included (``load_pretrained`` reads those).
     """
