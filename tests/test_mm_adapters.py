@@ -5,6 +5,7 @@ import torch
 
 import backbones
 from backbones import FAMILIES, HATNet, STViT, load_pretrained
+from backbones.checkpoints import download
 from backbones.errors import CheckpointError
 from tests._tools import official_file
 
@@ -106,7 +107,9 @@ def _build_mmseg(model_cfg):
         "resnet_file",
     ],
 )
-def test_forwarded_model_pretrained_is_refused_naming_it_and_the_fix(tmp_path, pretrained):
+def test_forwarded_model_pretrained_is_refused_naming_it_and_the_fix(tmp_path, monkeypatch, pretrained):
+    # the URL's download fails here (no network); its retries' back-off (14 s) is tests/test_download.py's subject
+    monkeypatch.setattr(download, "BACKOFF_S", 0.0)
     if pretrained == "resnet_file":  # an existing checkpoint, of another network
         pretrained = str(tmp_path / "resnet50.pth")
         torch.save({"state_dict": {"conv1.weight": torch.zeros(64, 3, 7, 7)}}, pretrained)
