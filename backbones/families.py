@@ -9,7 +9,7 @@ family is one file plus one ``register`` call (docs/backbones.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -25,8 +25,8 @@ class OfficialCode:
         repo: where the file comes from, for messages (``'hhb072/STViT (models/stvit.py)'``).
         classes: names the file defines; a file defining all of them is this family's.
         prefix: the prefix of its variant builders (``'stvit_'``: ``stvit_small`` ...).
-        build: ``build(builder, stoken_size) -> model``: the classification model from its variant builder, with
-            the family's per-stage options applied (``stoken_size`` None: its own).
+        build: ``build(builder, options) -> model``: the classification model from its variant builder, with
+            the family's own ``options`` applied ({``'stoken_size'``: ...}; {}: its own).
         stages: ``stages(model, x) -> (stem output, [(blocks, downsample or None), ...])``: the stem run on ``x``
             and the four stages' block lists with the module that starts the next stage.
     """
@@ -34,7 +34,7 @@ class OfficialCode:
     repo: str
     classes: tuple[str, ...]
     prefix: str
-    build: Callable[[Callable, Sequence | None], nn.Module]
+    build: Callable[[Callable, Mapping[str, object]], nn.Module]
     stages: Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, list]]
 
 
@@ -122,8 +122,8 @@ class Family:
         report_variant: the variant that the measuring reports (``tools/benchmark.py``'s tables,
             ``tools/gpu_report.py``) give a row; '': the first of ``released`` (``'shrunk'`` when none is).
         settings: named settings of its ``options`` that the reports measure beside the preset, each a row of its
-            own ({``'dense'``: {``'stoken_size'``: (8, 4, 2, 1)}}: the row "STViT-S dense"); an option must be a
-            field of ``perf.models.Setting``.
+            own ({``'dense'``: {``'stoken_size'``: (8, 4, 2, 1)}}: the row "STViT-S dense"); each key one of
+            ``options``.
         paper: {released variant: its paper's figures} (``perf.backbone.variants``); a variant left out has none.
     """
 

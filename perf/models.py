@@ -13,10 +13,10 @@ import importlib
 import torch
 from torch import nn
 
-from backbones import create, fast_paths, load_pretrained
+from backbones import FAMILIES, create, fast_paths, load_pretrained
 from backbones.families import get
 
-__all__ = ["NAMES", "Setting", "build", "model_for", "model_and_input", "ours_and_official"]
+__all__ = ["NAMES", "Setting", "build", "family_options", "model_for", "model_and_input", "ours_and_official"]
 BASELINES = ("reference", "swin-t", "resnet50")
 NAMES = ("ours", "official", *BASELINES)
 
@@ -43,7 +43,7 @@ def build(
     name: str,
     family: str = "stvit",
     arch=None,
-    stoken_size=None,
+    options=None,
     with_cp: bool = False,
     size=None,
     official=None,
@@ -57,23 +57,23 @@ def build(
         arch: a preset name, an arch dict, or ``'shrunk'`` (the backbones' CPU-test preset); None: the family's
             measured variant (``Family.measured_variant``). Swin-T is shrunk alike with ``'shrunk'``, ResNet-50 is
             always the full model.
-        stoken_size: STViT super-token sizes per stage (None: the preset's).
+        options: the family's own constructor options (``Family.options``, e.g. STViT's ``stoken_size``) for
+            ours, the reference and the official model; None or {}: the preset's.
         with_cp: activation checkpointing (ours, reference, mmdet's Swin-T and ResNet-50).
         size: (H, W) of the input: timm's Swin-T is built for it.
         official: for ``official``: the module that ``perf.official.load_official`` returned.
     """
     torch.manual_seed(0)
-    if arch is None and name in ("ours", "reference", "official"):
-        arch = get(family).measured_variant()
+    if name in ("ours", "reference", "official"):
+        arch = arch or get(family).measured_variant()
+        options = family_options(family, options)
     if name in ("ours", "reference"):
-        # the family's own options (STViT's stoken_size) reach only a family that has them
-        kwargs = dict(stoken_size=stoken_size) if stoken_size and "stoken_size" in get(family).options else {}
-        model = create(family, arch, with_cp=with_cp, **kwargs)
+        model = create(family, arch, with_cp=with_cp, **options)
         return PlainPath(model) if name == "reference" else model
     if name == "official":
         from .official import build_official
 
-        return build_official(official, family, arch, stoken_size)
+        return build_official(official, family, arch, options)
     if name == "swin-t":
         return swin_t(size, shrunk=arch == "shrunk", with_cp=with_cp)
     if name == "resnet50":
@@ -90,6 +90,18 @@ def build(
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(NAMES)}")
 
 
+def family_options(family: str, options) -> dict:
+    """``options`` (a mapping, or None) checked against the family's own constructor options (``Family.options``):
+    one it does not take is refused naming the ones it takes."""
+    options, takes = dict(options or {}), get(family).options
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        raise ValueError(
+            f"{get(family).title} takes no option {', '.join(unknown)}; its own options: {sorted(takes) or 'none'}"
+        )
+    return options
+
+
 @dataclasses.dataclass
 class Setting:
     """One measurement: which model, on which input, how it is timed (the benchmark tools' common options).
@@ -103,7 +115,7 @@ class Setting:
         mode: ``train`` (forward + backward) or ``infer``.
         device: torch device.
         precision: ``fp32``, ``bf16`` or ``fp16`` (autocast; fp16 training with a GradScaler).
-        stoken_size: STViT super-token sizes per stage (None: the preset's).
+        options: the family's own constructor options (``Family.options``; {}: the preset's).
         with_cp: activation checkpointing.
         compile: ours under ``torch.compile`` (inductor).
         warmup: untimed iterations first.
@@ -119,7 +131,7 @@ class Setting:
     mode: str = "train"
     device: str = "cpu"
     precision: str = "fp32"
-    stoken_size: list | None = None
+    options: dict = dataclasses.field(default_factory=dict)
     with_cp: bool = False
     compile: bool = False
     warmup: int = 1
@@ -129,9 +141,18 @@ class Setting:
 
     @classmethod
     def of(cls, args, **changes) -> Setting:
-        """The setting of a tool's parsed arguments (the attributes it has of these fields), then ``changes``."""
+        """The setting of a tool's parsed arguments (the attributes it has of these fields), then ``changes``.
+        A registered family's option that the tool has as a flag (``--stoken-size``: ``args.stoken_size``) and
+        that was given goes into ``options``; given for a family that does not take it, it is refused."""
         names = [f.name for f in dataclasses.fields(cls)]
-        return dataclasses.replace(cls(**{k: getattr(args, k) for k in names if hasattr(args, k)}), **changes)
+        setting = dataclasses.replace(cls(**{k: getattr(args, k) for k in names if hasattr(args, k)}), **changes)
+        flags = set().union(*(f.options for f in FAMILIES.values()))
+        given = {k: getattr(args, k) for k in sorted(flags) if getattr(args, k, None) is not None}
+        try:
+            setting.options = family_options(setting.family, {**setting.options, **given})
+        except ValueError as e:
+            raise SystemExit(f"--{next(iter(given)).replace('_', '-')}: {e}") from None
+        return setting
 
 
 def model_for(name: str, s: Setting) -> nn.Module:
@@ -143,7 +164,8 @@ def model_for(name: str, s: Setting) -> nn.Module:
 
         official = load_official(s.official)[0]
     arch = s.arch if name in ("ours", "reference", "official") else "small"
-    return build(name, s.family, arch, s.stoken_size, s.with_cp, s.size, official).to(s.device)
+    options = s.options if name in ("ours", "reference", "official") else None
+    return build(name, s.family, arch, options, s.with_cp, s.size, official).to(s.device)
 
 
 def model_and_input(name: str, s: Setting):
@@ -153,7 +175,7 @@ def model_and_input(name: str, s: Setting):
     return model, torch.randn(s.batch, 3, *s.size, device=s.device)
 
 
-def ours_and_official(module, family: str, arch: str | None = None, stoken_size=None) -> tuple[nn.Module, nn.Module]:
+def ours_and_official(module, family: str, arch: str | None = None, options=None) -> tuple[nn.Module, nn.Module]:
     """(ours, official): the official model (``perf.official.OfficialStages``) and our backbone carrying its
     weights, loaded by ``backbones.load_pretrained`` exactly as a released checkpoint is.
 
@@ -161,13 +183,13 @@ def ours_and_official(module, family: str, arch: str | None = None, stoken_size=
         module: the official model file, as ``perf.official.load_official`` returned it.
         family: the family of that file.
         arch: the variant of both (None: the family's measured variant).
-        stoken_size: STViT super-token sizes per stage (None: the preset's).
+        options: the family's own constructor options for both (None: the preset's).
     """
     from .official import build_official
 
     arch = arch or get(family).measured_variant()
-    official = build_official(module, family, arch, stoken_size)
-    ours = build("ours", family, arch, stoken_size)
+    official = build_official(module, family, arch, options)
+    ours = build("ours", family, arch, options)
     load_pretrained(ours, official.model.state_dict())
     return ours, official
 

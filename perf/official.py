@@ -112,9 +112,9 @@ class OfficialStages(nn.Module):
         return tuple(outs)
 
 
-def build_official(module, family: str, arch: str, stoken_size=None) -> OfficialStages:
-    """The official ``stvit_<arch>`` / ``HAT_Net_<arch>`` of ``module`` (seeded), with STViT's super-token sizes
-    set to ``stoken_size`` (None: its own)."""
+def build_official(module, family: str, arch: str, options=None) -> OfficialStages:
+    """The official ``stvit_<arch>`` / ``HAT_Net_<arch>`` of ``module`` (seeded), with the family's own options
+    (``Family.options``, e.g. STViT's ``stoken_size``) applied as ``OfficialCode.build`` does (None: its own)."""
     code = get(family).official
     prefix = code.prefix
     name = f"{prefix}{arch}"
@@ -123,7 +123,7 @@ def build_official(module, family: str, arch: str, stoken_size=None) -> Official
         known = sorted(k[len(prefix) :] for k in vars(module) if k.startswith(prefix))
         raise SystemExit(f"the official file has no {name}(); its variants: {', '.join(known)}")
     torch.manual_seed(0)
-    model = code.build(builder, stoken_size)
+    model = code.build(builder, dict(options or {}))
     return OfficialStages(model, family)
 
 

@@ -27,7 +27,10 @@ def test_defaults_follow_the_mode():
     assert (plain.size, plain.batch) == ((448, 672), 1)
     assert (throughput.size, throughput.batch) == ((224, 224), 64)
     setting = Setting.of(benchmark.parse_args(["--size", "64x96", "--stoken-size", "8,4,2,1", "--threads", "1"]))
-    assert (setting.size, setting.stoken_size, setting.threads) == ((64, 96), [8, 4, 2, 1], 1)
+    assert (setting.size, setting.options, setting.threads) == ((64, 96), {"stoken_size": [8, 4, 2, 1]}, 1)
+    assert Setting.of(benchmark.parse_args(["--family", "hatnet"])).options == {}
+    with pytest.raises(SystemExit, match=r"--stoken-size: HAT-Net takes no option stoken_size"):
+        Setting.of(benchmark.parse_args(["--family", "hatnet", "--stoken-size", "8,4,2,1"]))
 
 
 @pytest.mark.parametrize("size", ["64", "64x", "axb", "0x64"])

@@ -63,5 +63,5 @@ def test_unknown_variant_and_unsupported_size_are_named():
         compare.main(["--official", OFFICIAL["stvit"], "--arch", "huge", "--no-memory"])
     with pytest.raises(SystemExit, match="official hatnet model cannot run at 112x112"):
         compare.main(["--official", OFFICIAL["hatnet"], "--size", "112x112", "--no-memory"])
-    with pytest.raises(SystemExit, match="--stoken-size sets STViT's"):
+    with pytest.raises(SystemExit, match="--stoken-size: HAT-Net takes no option stoken_size"):
         compare.main(["--official", OFFICIAL["hatnet"], "--stoken-size", "8,4,2,1", "--no-memory"])

@@ -100,11 +100,14 @@ def test_a_third_family_exports_loads_benchmarks_and_records_attention(toy, tmp_
         for a, b in zip(mm_model.eval()(x), expected):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
-    # the benchmark's builder: ours, the plain-path reference, and the official code carrying the same weights
+    # the benchmark's builder: ours, the plain-path reference, and the official code carrying the same weights;
+    # another family's option is refused by name
     for name in ("ours", "reference"):
         with torch.no_grad():
-            outs = build(name, "toy", "shrunk", stoken_size=[2, 2, 1, 1]).eval()(x)
+            outs = build(name, "toy", "shrunk").eval()(x)
         assert [o.shape[1] for o in outs] == [8, 16, 32, 64]
+        with pytest.raises(ValueError, match=r"Toy takes no option stoken_size; its own options: none"):
+            build(name, "toy", "shrunk", {"stoken_size": [2, 2, 1, 1]})
     # the "official code": a module defining ToyNet and its variant builder toy_one
     official_code = types.SimpleNamespace(ToyNet=module.ToyNet, toy_one=lambda: module.ToyNet("one", head=True))
     ours, official = ours_and_official(official_code, "toy", "one")

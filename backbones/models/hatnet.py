@@ -351,7 +351,7 @@ FAMILY = register(
             repo="yun-liu/HAT-Net (HAT_Net.py)",
             classes=("HAT_Net",),
             prefix="HAT_Net_",
-            build=lambda builder, stoken_size: builder(),
+            build=lambda builder, options: builder(),
             stages=_official_stages,
         ),
         head_cost=_head_cost,

@@ -438,9 +438,9 @@ def _official_extras(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {b + name: eye.clone() for b in blocks for name in ("unfold.weights", "fold.weights")}
 
 
-def _official_build(builder, stoken_size):
+def _official_build(builder, options):
     model = builder(SimpleNamespace(drop=0.0, drop_path=0.0))  # its training script's args
-    for layer, size in zip(model.layers, stoken_size or ()):
+    for layer, size in zip(model.layers, options.get("stoken_size") or ()):
         for block in layer.blocks:  # read at every forward: the same switch as our stoken_size argument
             block.attn.stoken_size = (size, size)
     return model

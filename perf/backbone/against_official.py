@@ -19,10 +19,9 @@ def compare_official(args) -> dict:
     difference, both models' median seconds per iteration timed round-robin, the speedup and, unless
     ``args.no_memory``, each model's peak memory in a child process."""
     module, family = load_official(args.official)
-    if args.stoken_size and "stoken_size" not in get(family).options:
-        raise SystemExit(f"--stoken-size sets STViT's super-token sizes; the official file is {get(family).title}'s")
+    options = Setting.of(args, family=family).options  # the family's own options given as flags (--stoken-size)
     arch = args.arch or get(family).measured_variant()
-    ours, official = (m.to(args.device) for m in ours_and_official(module, family, arch, args.stoken_size))
+    ours, official = (m.to(args.device) for m in ours_and_official(module, family, arch, options))
     torch.manual_seed(1)
     x = torch.randn(args.batch, 3, *args.size, device=args.device)
     with torch.no_grad():
@@ -44,7 +43,7 @@ def compare_official(args) -> dict:
         batch=args.batch,
         mode=args.mode,
         precision=args.precision,
-        stoken_size=args.stoken_size,
+        options=options,
         device=args.device,
         max_relative_difference=diff,
         official_seconds=times["official"],

@@ -48,7 +48,7 @@ def scaling(s: Setting, sizes, memory: bool = True) -> list[dict]:
         torch.manual_seed(1)
         x = torch.randn(s.batch, 3, *size, device=s.device)
         for label, name, changes in curves:
-            a = dataclasses.replace(s, **{"size": size, "mode": "train", "stoken_size": None, **changes})
+            a = dataclasses.replace(s, **{"size": size, "mode": "train", **changes})
             row = dict(
                 model=label,
                 impl=name,

@@ -71,7 +71,7 @@ def run(s: Setting, compare: bool = False, memory: bool = True) -> list[dict]:
             batch=s.batch,
             mode=s.mode,
             precision=s.precision,
-            stoken_size=s.stoken_size,
+            options=s.options,
             params_m=sum(p.numel() for p in model.parameters()) / 1e6,
             gmacs=count_gmacs(model, x[:1]),
             seconds=times[name],
@@ -103,7 +103,7 @@ def speed_table(s: Setting, memory: bool = True) -> tuple[str, list[dict]]:
     all_rows = []
     for size in ((448, 672), (800, 1344)):
         for entry in entries():
-            a = dataclasses.replace(s, **{"size": size, "mode": "train", "stoken_size": None, **entry.changes()})
+            a = dataclasses.replace(s, **{"size": size, "mode": "train", **entry.changes()})
             rows = run(a, compare=True, memory=memory)
             all_rows += rows
             by = {r["model"]: r for r in rows}

@@ -62,7 +62,7 @@ def throughput_table(s: Setting) -> str:
     ]
     family = get(s.family)
     for arch in family.released or (family.measured_variant(),):
-        a = dataclasses.replace(s, arch=arch, mode="infer", stoken_size=None)
+        a = dataclasses.replace(s, arch=arch, mode="infer", options={})
         model, x = model_and_input("ours", a)
         images_per_s = throughput(model, x, a.warmup, a.repeat, a.precision)
         del model, x

@@ -200,12 +200,12 @@ class Models:
             return build("swin-t", arch=arch, size=size)
         e = self.entry(key)
         if key.startswith("official-"):
-            return build("official", e.family, e.arch, official=self.official[e.family], **e.kwargs())
-        return build("ours", e.family, arch or e.arch, **e.kwargs())
+            return build("official", e.family, e.arch, e.kwargs(), official=self.official[e.family])
+        return build("ours", e.family, arch or e.arch, e.kwargs())
 
     def with_official_weights(self, key):
         """(ours, official or None): ours carries the official model's weights when the official file is given."""
         e = self.entry(key)
         if e.family not in self.official:
             return self.build(key), None
-        return ours_and_official(self.official[e.family], e.family, e.arch, **e.kwargs())
+        return ours_and_official(self.official[e.family], e.family, e.arch, e.kwargs())

@@ -117,7 +117,7 @@ FAMILY = register(
             repo="toy (tests/data/toy.py)",
             classes=("ToyNet",),
             prefix="toy_",
-            build=lambda builder, stoken_size: builder(),
+            build=lambda builder, options: builder(),
             stages=_official_stages,
         ),
         classifier=Classifier(
