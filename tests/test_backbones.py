@@ -408,3 +408,23 @@ def test_a_home_relative_checkpoint_path_is_expanded(tmp_path, monkeypatch):
     model = HATNet("shrunk")
     assert len(load_pretrained(model, "~/hat.pth").loaded) == len(src.state_dict())
     torch.testing.assert_close(model.state_dict(), src.state_dict(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cls,arch", SHRUNK)
+def test_plain_path_runs_wherever_the_model_states_no_size_problem(cls, arch):
+    """``plain_size_problem`` is what the measuring tools read to mark a size n/a instead of comparing there."""
+    model = cls(arch).eval()
+    for size in ((64, 96), (224, 224)):
+        if model.plain_size_problem(*size) is None:
+            x = torch.randn(1, 3, *size)
+            with torch.no_grad(), fast_paths(False):
+                plain = model(x)
+            with torch.no_grad():
+                for i, (fast, ref) in enumerate(zip(model(x), plain, strict=True)):
+                    assert_close(fast, ref, f"{cls.__name__} {size} stage {i}")
+
+
+def test_hatnet_states_the_sizes_its_window_grids_do_not_divide():
+    model = HATNet("shrunk")  # grids 8, 7, 7, 1 on the stage maps
+    assert model.plain_size_problem(224, 224) is None and model.plain_size_problem(448, 672) is None
+    assert model.plain_size_problem(64, 96) == "stage maps not divisible by the grids [8, 7, 7, 1]"

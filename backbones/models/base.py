@@ -275,6 +275,12 @@ class StagedBackbone(nn.Module):
             for i, s in zip(self.out_indices, self.out_strides)
         ]
 
+    def plain_size_problem(self, height: int, width: int) -> str | None:
+        """Why the plain formulation (``backbones.fast_paths(False)``), like the official code, cannot compute this
+        model's outputs for a height x width input, or None when it can (the measuring tools mark such sizes n/a
+        instead of comparing against them). A family whose plain path has no such limit keeps this."""
+        return None
+
     def _stem_dtype(self) -> torch.dtype | None:
         """The dtype of the stem's weights, which the input must have (``check_input``); None without any."""
         p = next((p for m in self.stem_modules() for p in m.parameters()), None)

@@ -300,6 +300,14 @@ class HATNet(StagedBackbone):
     def stem_modules(self):
         return [self.patch_embed]
 
+    def plain_size_problem(self, height: int, width: int) -> str | None:
+        # the literal formulation, like the official code, has no partial border windows
+        strides = [4 * 2**i for i in range(NUM_STAGES)]
+        grids, maps = self.arch["grid_sizes"], [(-(-height // s), -(-width // s)) for s in strides]
+        if any(h % g or w % g for (h, w), g in zip(maps, grids)):
+            return f"stage maps not divisible by the grids {grids}"
+        return None
+
     def stage_modules(self, i):
         return ([self._downsamples()[i]] if i > 0 else []) + [self.blocks[i]]
 

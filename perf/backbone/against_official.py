@@ -22,16 +22,16 @@ def compare_official(args) -> dict:
     options = Setting.of(args, family=family).options  # the family's own options given as flags (--stoken-size)
     arch = args.arch or get(family).measured_variant()
     ours, official = (m.to(args.device) for m in ours_and_official(module, family, arch, options))
+    cannot = f"the official {family} model cannot run at {args.size[0]}x{args.size[1]}"
+    if problem := ours.plain_size_problem(*args.size):
+        raise SystemExit(f"{cannot}: {problem}; choose a size that avoids it")
     torch.manual_seed(1)
     x = torch.randn(args.batch, 3, *args.size, device=args.device)
     with torch.no_grad():
         try:
             official_outs = official.eval()(x)
-        except RuntimeError as e:  # HAT-Net's official window grids must divide every stage map
-            raise SystemExit(
-                f"the official {family} model cannot run at {args.size[0]}x{args.size[1]}: "
-                f"{str(e).splitlines()[0]} (official HAT-Net needs multiples of 224)"
-            ) from e
+        except RuntimeError as e:  # a limit of the official code that our model does not state
+            raise SystemExit(f"{cannot}: {str(e).splitlines()[0]}") from e
         diff = max_relative_difference(official_outs, ours.eval()(x))
     models = {"official": official, "ours": ours}
     times = time_models(models, x, args.mode, args.precision, args.warmup, args.repeat)

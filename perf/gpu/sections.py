@@ -68,10 +68,8 @@ def exactness(models: Models, plan: Plan, device, budget: Budget, notes: list) -
 def _exactness_row(models, key, size, device, notes, label) -> dict:
     ours, official = models.with_official_weights(key)
     ours.eval()
-    grids = ours.arch.get("grid_sizes")
-    if grids and any(h % g or w % g for (_, h, w), g in zip(ours.output_shapes(*size), grids)):
-        # the literal formulation, like the official code, has no border windows
-        official = Failure(f"n/a: stage maps not divisible by the grids {grids}")
+    if problem := ours.plain_size_problem(*size):
+        official = Failure(f"n/a: {problem}")
     torch.manual_seed(1)
     x = torch.randn(1, 3, *size)
     diff = max_relative_difference
