@@ -233,3 +233,25 @@ def official_file(model, path, **extra):
         path,
     )
     return path
+
+
+def report_tables(report: str) -> dict:
+    """{section title: [row cells]} of a tools/gpu_report.py report's Markdown tables (header and separator
+    dropped)."""
+    tables = {}
+    for chunk in report.split("\n## ")[1:]:
+        title, _, body = chunk.partition("\n")
+        rows = [
+            [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in body.splitlines()
+            if line.startswith("|")
+        ]
+        tables[title] = rows[2:]
+    return tables
+
+
+def report_number(cell: str) -> float:
+    """A report cell's number (``'0.011 (0.011-0.012)'``, ``'1.03x'``, ``'1.7e-06'``); anything else fails."""
+    match = re.fullmatch(r"([0-9.]+(?:e[-+]?\d+)?)x?(?: \(.*\))?", cell)
+    assert match, f"not a number: {cell!r}"
+    return float(match.group(1))

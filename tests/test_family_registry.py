@@ -21,8 +21,7 @@ from backbones.families import unregister
 from backbones.models.attention_maps import last_blocks, record_attention
 from perf.models import build, ours_and_official
 from perf.official import max_relative_difference
-from tests._tools import REPO, load_tool
-from tests.test_gpu_report import _tables
+from tests._tools import REPO, load_tool, report_tables
 
 TOY_FILE = osp.join(REPO, "tests", "data", "toy.py")  # the toy family: one file, as a contributor writes one
 EXACT = "Exactness (fp32, TF32 off, batch 1, evaluation mode)"
@@ -183,7 +182,9 @@ def test_the_measuring_tools_give_rows_to_a_family_with_only_its_record(toy, tmp
         gpu_report, out = load_tool("gpu_report"), tmp_path / "report.md"
         # every family's rows (none measured: the budget is spent at once), the toy's among them
         assert gpu_report.main(["--device", "cpu", "--quick", "--budget-s", "0", "--sections", "exactness"]) == 0
-        assert ["Toy one (shrunk)"] * 3 == [r[0] for r in _tables(capsys.readouterr().out)[EXACT] if "Toy" in r[0]]
+        assert ["Toy one (shrunk)"] * 3 == [
+            r[0] for r in report_tables(capsys.readouterr().out)[EXACT] if "Toy" in r[0]
+        ]
         # the toy's rows measured (the training rows run the same code per model, at 6 s with Swin-T's: left out)
         sections = "exactness,throughput"
         argv = ["--device", "cpu", "--quick", "--families", "toy", "--sections", sections, "--out", str(out)]
@@ -192,7 +193,7 @@ def test_the_measuring_tools_give_rows_to_a_family_with_only_its_record(toy, tmp
         torch.set_num_threads(threads)
     report = out.read_text()
     assert report.startswith("# GPU report: Toy backbones") and "## Errors" not in report, report
-    tables = {title.split(" (")[0]: rows for title, rows in _tables(report).items()}
+    tables = {title.split(" (")[0]: rows for title, rows in report_tables(report).items()}
     assert [(r[0], r[4]) for r in tables["Exactness"]] == [("Toy one (shrunk)", "n/a: no official file given")] * 3
     assert all(float(r[3]) < 1e-4 and r[5] == "ok" for r in tables["Exactness"])
     assert [(r[0], r[3]) for r in tables["Throughput"]] == [("toy-shrunk", "n/a"), ("Swin-T (shrunk)", "n/a")]

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from ._tools import REPO, load_tool
+from ._tools import REPO, load_tool, report_number, report_tables
 
 # Imported first by every Python started with this directory on PYTHONPATH (the report and its compile
 # child): any import of an mm package raises ImportError, as on the GPU machine.
@@ -36,26 +36,6 @@ def _run_report(tmp_path, *argv):
     return report
 
 
-def _tables(report):
-    """{section title: [row cells]} of the report's Markdown tables (header and separator dropped)."""
-    tables = {}
-    for chunk in report.split("\n## ")[1:]:
-        title, _, body = chunk.partition("\n")
-        rows = [
-            [c.strip() for c in line.strip().strip("|").split("|")]
-            for line in body.splitlines()
-            if line.startswith("|")
-        ]
-        tables[title] = rows[2:]
-    return tables
-
-
-def _number(cell):
-    match = re.fullmatch(r"([0-9.]+(?:e[-+]?\d+)?)x?(?: \(.*\))?", cell)
-    assert match, f"not a number: {cell!r}"
-    return float(match.group(1))
-
-
 @pytest.mark.slow
 def test_quick_cpu_report_has_every_row_measured_without_mm_packages(tmp_path):
     report = _run_report(tmp_path, "--budget-s", "900")  # a busy test machine must not skip rows
@@ -67,7 +47,7 @@ def test_quick_cpu_report_has_every_row_measured_without_mm_packages(tmp_path):
         "- command: `python tools/gpu_report.py --device cpu --quick --out",
     ):
         assert field in report
-    tables = _tables(report)
+    tables = report_tables(report)
     by_title = {title.split(" (")[0]: rows for title, rows in tables.items()}
     assert set(by_title) == {"Exactness", "Training step", "Throughput", "torch.compile"}
 
@@ -79,25 +59,25 @@ def test_quick_cpu_report_has_every_row_measured_without_mm_packages(tmp_path):
         if model.startswith("HAT-Net") and size != "224x224":  # the plain HAT-Net needs divisible sizes
             assert plain.startswith("n/a: stage maps not divisible") and status == "n/a"
         else:  # fast paths against the plain formulation: the same numbers
-            assert _number(plain) < 1e-4 and status == "ok", (model, size, plain)
+            assert report_number(plain) < 1e-4 and status == "ok", (model, size, plain)
 
     train = by_title["Training step"]
     assert [(r[0], r[1]) for r in train] == [
         (m, p) for m in models + ["Swin-T (shrunk)"] for p in ("bf16", "fp16", "fp32")
     ]
     for model, precision, seconds, _, vs_swin, finite in train:
-        assert _number(seconds) > 0 and _number(vs_swin) > 0, (model, precision)
+        assert report_number(seconds) > 0 and report_number(vs_swin) > 0, (model, precision)
         assert finite.startswith("yes"), (model, precision, finite)
         assert ("scale" in finite) == (precision == "fp16")  # the GradScaler ran in the fp16 rows only
 
     throughput = by_title["Throughput"]
     assert [r[0] for r in throughput] == ["hatnet-shrunk", "stvit-shrunk", "Swin-T (shrunk)"]
-    assert all(_number(r[1]) > 0 and _number(r[2]) > 0 and r[3] == "n/a" for r in throughput)
+    assert all(report_number(r[1]) > 0 and report_number(r[2]) > 0 and r[3] == "n/a" for r in throughput)
 
     (compiled,) = by_title["torch.compile"]
     assert compiled[0] == "STViT-S dense (shrunk) 8,4,2,1"
     assert compiled[4] not in ("n/a", "") and not compiled[4].startswith(("skipped", "failed")), report
-    compile_s, eager, fast, speedup = map(_number, compiled[1:])
+    compile_s, eager, fast, speedup = map(report_number, compiled[1:])
     # the speed-up comes from unrounded times: it lies within what the printed (rounded) times allow
     half_eager, half_fast = (_half_last_digit(c) for c in compiled[2:4])
     low, high = (eager - half_eager) / (fast + half_fast), (eager + half_eager) / max(fast - half_fast, 1e-12)
@@ -115,7 +95,7 @@ def test_rows_past_the_time_budget_are_skipped_and_the_report_completes(tmp_path
         torch.set_num_threads(threads)
     report = out.read_text()
     assert report.strip() == capsys.readouterr().out.strip()  # printed and written alike
-    tables = _tables(report)
+    tables = report_tables(report)
     rows = [row for rows in tables.values() for row in rows]
     assert len(rows) == 9 + 12 + 3 + 1
     assert all(any(c.startswith("skipped: past the 0 s time budget") for c in row) for row in rows)

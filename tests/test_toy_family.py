@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from backbones import FAMILIES
-from tests._tools import REPO, SEG_CFG
+from tests._tools import REPO, SEG_CFG, report_number, report_tables
 
 TOY = Path(REPO) / "tests" / "data" / "toy.py"
 # what the copy holds besides backbones/: the other packages, the tools, the configs and the driver, as links
@@ -140,19 +140,17 @@ def test_toy_family_is_benchmarked(steps):
 def test_toy_family_is_in_the_gpu_report(steps):
     report = _ok(steps, "gpu_report")
     assert "## Errors" not in report, report
-
-    def rows(section):  # the toy's rows of a section of the report
-        text = report.split(f"## {section}")[1].split("\n## ")[0]
-        return [line for line in text.splitlines() if line.startswith(("| Toy ", "| toy-"))]
-
-    exact = rows("Exactness")  # its three sizes, each row's status column
-    assert len(exact) == 3 and {line.split("|")[-2].strip() for line in exact} == {"ok"}, report
-    training = rows("Training step")
-    assert len(training) == 3 and all(line.split("|")[-2].strip().startswith("yes") for line in training), report
-    (throughput,) = rows("Throughput")
-    assert float(throughput.split("|")[2]) > 0, report
-    (compiled,) = rows("torch.compile")
-    assert re.search(r"\| [0-9.]+x \|$", compiled), report  # its compiled speed-up measured
+    # the toy's rows of each section
+    tables = {title.split(" (")[0]: rows for title, rows in report_tables(report).items()}
+    toy = {title: [r for r in rows if r[0].startswith(("Toy ", "toy-"))] for title, rows in tables.items()}
+    exact = toy["Exactness"]  # its three sizes, each row's status column
+    assert len(exact) == 3 and {r[-1] for r in exact} == {"ok"}, report
+    training = toy["Training step"]
+    assert len(training) == 3 and all(r[-1].startswith("yes") for r in training), report
+    (throughput,) = toy["Throughput"]
+    assert report_number(throughput[1]) > 0, report
+    (compiled,) = toy["torch.compile"]
+    assert compiled[-1].endswith("x") and report_number(compiled[-1]) > 0, report  # its speed-up measured
 
 
 def test_toy_family_attention_is_drawn(steps):
