@@ -146,12 +146,13 @@ class Setting:
         that was given goes into ``options``; given for a family that does not take it, it is refused."""
         names = [f.name for f in dataclasses.fields(cls)]
         setting = dataclasses.replace(cls(**{k: getattr(args, k) for k in names if hasattr(args, k)}), **changes)
-        flags = set().union(*(f.options for f in FAMILIES.values()))
-        given = {k: getattr(args, k) for k in sorted(flags) if getattr(args, k, None) is not None}
+        known = set().union(*(f.options for f in FAMILIES.values()))
+        given = {k: getattr(args, k) for k in sorted(known) if getattr(args, k, None) is not None}
         try:
             setting.options = family_options(setting.family, {**setting.options, **given})
-        except ValueError as e:
-            raise SystemExit(f"--{next(iter(given)).replace('_', '-')}: {e}") from None
+        except ValueError as e:  # named by the flags of the options this family does not take
+            flags = [f"--{k.replace('_', '-')}: " for k in sorted(set(given) - get(setting.family).options)]
+            raise SystemExit(f"{''.join(flags[:1])}{e}") from None
         return setting
 
 
